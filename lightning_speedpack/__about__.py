@@ -1,0 +1,3 @@
+"""Package version: the one place it is written."""
+
+__version__ = "0.1.0"

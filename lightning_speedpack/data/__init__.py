@@ -1,0 +1,3 @@
+"""Dataset wrappers."""
+
+__all__: list[str] = []

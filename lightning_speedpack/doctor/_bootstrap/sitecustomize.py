@@ -1,0 +1,33 @@
+"""Installed on PYTHONPATH by ``speedpack doctor`` so re-launched DDP ranks attach the same callbacks.
+
+Only the interpreter that re-runs the doctored script (``sys.argv[0]`` equal to it) is touched;
+DataLoader workers, tools and other Python processes start as usual. Any ``sitecustomize`` that
+this file shadows is imported afterwards.
+"""
+
+import importlib
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_script = os.environ.get("LIGHTNING_SPEEDPACK_DOCTOR_SCRIPT")
+if _script and sys.argv and sys.argv[0] and os.path.abspath(sys.argv[0]) == _script:
+    try:
+        import lightning_speedpack
+        from lightning_speedpack.doctor.runner import DoctorSession
+
+        DoctorSession().install()
+        del lightning_speedpack
+    except Exception as _err:  # never stop the user's rank from starting
+        print(f"speedpack doctor: could not attach to this rank: {_err}", file=sys.stderr)
+
+# Chain to the sitecustomize this one shadows, if any.
+sys.modules.pop("sitecustomize", None)
+_saved = sys.path[:]
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+try:
+    importlib.import_module("sitecustomize")
+except ImportError:
+    pass
+finally:
+    sys.path[:] = _saved

@@ -1,0 +1,94 @@
+"""The doctor's report: findings and per-run figures, printed with rich or written as JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["Finding", "Report", "RunSummary", "Severity"]
+
+Severity = Literal["info", "warning", "error"]
+Figure = float | int | str | bool | None
+
+
+@dataclass
+class Finding:
+    """One thing the doctor found: what, where in the user's code, the measured figure, the fix.
+
+    Example:
+        >>> Finding("throughput", "data-wait", "62% of each step waits for data",
+        ...         figures={"data_wait_fraction": 0.62}, fix="wrap the dataset in CachedDataset")
+        Finding(component='throughput', id='data-wait', ...)
+    """
+
+    component: str
+    id: str
+    message: str
+    location: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    severity: Severity = "warning"
+    fix: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Finding(component={self.component!r}, id={self.id!r}, ...)"
+
+
+@dataclass
+class RunSummary:
+    """Figures for one ``Trainer.fit`` under the doctor.
+
+    ``figures`` holds what the diagnostic callbacks measured about the whole run
+    (data-wait fraction, syncs per step, ...), keyed by name.
+    """
+
+    wall_s: float
+    samples: int
+    samples_per_sec: float
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """Everything the doctor collected from one script."""
+
+    findings: list[Finding] = field(default_factory=list)
+    runs: list[RunSummary] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report with its stable keys: ``findings`` and ``runs``."""
+        return {
+            "findings": [asdict(f) for f in self.findings],
+            "runs": [asdict(r) for r in self.runs],
+        }
+
+    def write_json(self, path: str | Path) -> None:
+        """Write :meth:`to_dict` as indented JSON to ``path``, creating parent folders."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+
+    def print(self, console: Any = None) -> None:
+        """Print the report as rich tables (to stderr so the script's stdout stays its own)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console(stderr=True)
+        console.rule("[bold]speedpack doctor")
+        runs = Table(title="Runs", show_lines=False)
+        for col in ("run", "wall s", "samples", "samples/s"):
+            runs.add_column(col, justify="right")
+        for i, run in enumerate(self.runs):
+            runs.add_row(str(i), f"{run.wall_s:.2f}", str(run.samples), f"{run.samples_per_sec:.1f}")
+        console.print(runs)
+        if not self.findings:
+            console.print("No findings.")
+            return
+        table = Table(title="Findings", show_lines=True)
+        for col in ("severity", "component / id", "finding", "where", "fix"):
+            table.add_column(col, overflow="fold")
+        order = {"error": 0, "warning": 1, "info": 2}
+        for f in sorted(self.findings, key=lambda f: order.get(f.severity, 3)):
+            table.add_row(f.severity, f"{f.component}/{f.id}", f.message, f.location or "", f.fix or "")
+        console.print(table)

@@ -1,0 +1,248 @@
+"""Run an unmodified training script with the pack's diagnostics attached to every Trainer.
+
+The runner wraps ``pytorch_lightning.Trainer.__init__`` for the duration of the script so that
+each Trainer the script builds gets one instance of every registered diagnostic (see
+:mod:`lightning_speedpack.doctor.registry`) plus a recorder of wall time and samples. Nothing
+of this stays behind: the wrapper is removed when the script ends, however it ends.
+
+Ranks started by Lightning's ``ddp`` launcher re-run the script in new interpreters that import
+nothing of ours; a ``sitecustomize`` on ``PYTHONPATH`` (see ``_bootstrap/``) installs the same
+wrapper there, so every rank runs the same callbacks and their collectives match.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning import Callback
+from typing_extensions import override
+
+from lightning_speedpack._batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.doctor.registry import (
+    Diagnosable,
+    Diagnostic,
+    DoctorContext,
+    registered_diagnostics,
+)
+from lightning_speedpack.doctor.report import Finding, Report, RunSummary
+
+__all__ = ["DoctorSession", "ScriptResult", "run_script"]
+
+CHILD_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_SCRIPT"
+_BOOTSTRAP_DIR = str(Path(__file__).with_name("_bootstrap"))
+
+
+class RunRecorder(Callback):
+    """Measures one fit's wall time and the samples it trained on (summed over ranks)."""
+
+    def __init__(self) -> None:
+        self.runs: list[RunSummary] = []
+        self._start = 0.0
+        self._samples = 0
+        self._batches = 0
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._samples = self._batches = 0
+        self._start = time.perf_counter()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._batches += 1
+        try:
+            self._samples += infer_batch_size(batch)
+        except BatchSizeError:
+            self._samples += 1  # a batch we cannot size counts as one sample
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        wall = time.perf_counter() - self._start
+        samples = self._samples
+        if trainer.world_size > 1:  # one collective per fit, not per step
+            total = trainer.strategy.reduce(torch.tensor(float(samples)), reduce_op="sum")
+            samples = int(total.item())  # type: ignore[union-attr]
+        self.runs.append(RunSummary(wall_s=wall, samples=samples, samples_per_sec=samples / wall))
+
+
+@dataclass
+class _Attached:
+    recorder: RunRecorder
+    diagnostics: list[tuple[Diagnostic, Callback]] = field(default_factory=list)
+
+
+class DoctorSession:
+    """Attaches diagnostics to every Trainer built while installed, and collects the report.
+
+    Example:
+        >>> session = DoctorSession()
+        >>> with session.installed():
+        ...     pass  # build and fit Trainers here
+        >>> session.report().runs
+        []
+    """
+
+    def __init__(self) -> None:
+        self._attached: list[_Attached] = []
+        self._original_init: Any = None
+
+    def install(self) -> None:
+        """Wrap ``Trainer.__init__`` (idempotent)."""
+        if self._original_init is not None:
+            return
+        original = pl.Trainer.__init__
+        session = self
+
+        def __init__(trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+            kwargs["callbacks"] = session._with_diagnostics(kwargs)
+            original(trainer, *args, **kwargs)
+
+        __init__.__wrapped__ = original  # type: ignore[attr-defined]
+        self._original_init = original
+        pl.Trainer.__init__ = __init__  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        """Restore ``Trainer.__init__`` (idempotent)."""
+        if self._original_init is not None:
+            pl.Trainer.__init__ = self._original_init  # type: ignore[method-assign]
+            self._original_init = None
+
+    @contextmanager
+    def installed(self) -> Iterator[DoctorSession]:
+        """Install for the duration of a ``with`` block, uninstalling however it exits."""
+        self.install()
+        try:
+            yield self
+        finally:
+            self.uninstall()
+
+    def _with_diagnostics(self, kwargs: dict[str, Any]) -> list[Callback]:
+        given = kwargs.get("callbacks")
+        callbacks: list[Callback] = (
+            [] if given is None else [given] if isinstance(given, Callback) else list(given)
+        )
+        ctx = DoctorContext(trainer_kwargs=dict(kwargs))
+        attached = _Attached(recorder=RunRecorder())
+        for diagnostic in registered_diagnostics():
+            mine = next((c for c in callbacks if isinstance(c, diagnostic.callback_type)), None)
+            if mine is None:  # the user's own instance is reused, never doubled
+                mine = diagnostic.factory(ctx)
+                callbacks.append(mine)
+            attached.diagnostics.append((diagnostic, mine))
+        callbacks.append(attached.recorder)
+        self._attached.append(attached)
+        return callbacks
+
+    def report(self) -> Report:
+        """Collect runs and findings from every Trainer built so far."""
+        report = Report()
+        for attached in self._attached:
+            figures: dict[str, Any] = {}
+            for diagnostic, callback in attached.diagnostics:
+                if isinstance(callback, Diagnosable):
+                    report.findings.extend(_safe_findings(diagnostic, callback))
+                    figures.update(callback.doctor_figures())
+            for run in attached.recorder.runs:
+                run.figures.update(figures)
+                report.runs.append(run)
+        return report
+
+
+def _safe_findings(diagnostic: Diagnostic, callback: Diagnosable) -> list[Finding]:
+    # A diagnostic that fails must not hide the others' findings.
+    try:
+        return list(callback.doctor_findings())
+    except Exception as err:  # pragma: no cover - defensive
+        return [Finding(diagnostic.name, "diagnostic-failed", f"{type(err).__name__}: {err}",
+                        severity="info")]
+
+
+@dataclass
+class ScriptResult:
+    """How the script ended and what the doctor saw."""
+
+    exit_code: int
+    report: Report
+
+
+def run_script(script: str | os.PathLike[str], args: Sequence[str] = ()) -> ScriptResult:
+    """Run ``script`` as ``__main__`` with ``args`` under a :class:`DoctorSession`.
+
+    The script sees the ``sys.argv`` and ``sys.path[0]`` it would see if run directly. Its
+    exceptions are printed with a traceback that starts at the script's own frames, and the
+    exit code is what Python would have returned.
+
+    Raises:
+        FileNotFoundError: ``script`` does not exist.
+    """
+    path = Path(script).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no training script at {str(script)!r}")
+    # Importing the package runs every component's register_diagnostic().
+    import lightning_speedpack  # noqa: F401
+
+    session = DoctorSession()
+    exit_code = 0
+    with session.installed(), _script_environment(path, args):
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        except SystemExit as exc:
+            exit_code = _exit_code(exc.code)
+        except KeyboardInterrupt:
+            traceback.print_exc()
+            exit_code = 130
+        except BaseException as exc:
+            _print_script_traceback(exc, str(path))
+            exit_code = 1
+    return ScriptResult(exit_code=exit_code, report=session.report())
+
+
+@contextmanager
+def _script_environment(path: Path, args: Sequence[str]) -> Iterator[None]:
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_env = {k: os.environ.get(k) for k in (CHILD_ENV, "PYTHONPATH")}
+    sys.argv = [str(path), *args]
+    sys.path.insert(0, str(path.parent))
+    os.environ[CHILD_ENV] = str(path)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_BOOTSTRAP_DIR, saved_env["PYTHONPATH"]) if p
+    )
+    try:
+        yield
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # Python prints a non-int exit message and exits 1
+    return 1
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    tb = exc.__traceback__
+    # Drop the runner's own frames so the traceback starts where the user's code does.
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)

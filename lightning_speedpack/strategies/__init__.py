@@ -1,0 +1,3 @@
+"""Training strategies."""
+
+__all__: list[str] = []

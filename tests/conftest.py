@@ -1,0 +1,51 @@
+"""Shared fixtures: offline W&B in a temp folder, and a guard that no global state leaks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "offline")  # never the network, even if a test forgets
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("PL_DISABLE_FORK", "0")
+
+
+class OfflineWandb:
+    """A W&B offline sandbox: ``dir`` is the ``WANDB_DIR``; ``runs()`` reads back what was written."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def runs(self):  # type: ignore[no-untyped-def]
+        from tests.helpers.wandb_files import find_runs
+
+        return find_runs(self.dir)
+
+    def only_run(self):  # type: ignore[no-untyped-def]
+        runs = self.runs()
+        assert len(runs) == 1, f"expected one W&B run under {self.dir}, found {len(runs)}"
+        return runs[0]
+
+
+@pytest.fixture
+def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[OfflineWandb]:
+    """W&B in offline mode writing only under ``tmp_path``; finishes any run a test left open."""
+    pytest.importorskip("wandb")
+    directory = tmp_path / "wandb-dir"
+    directory.mkdir()
+    for key, value in {
+        "WANDB_MODE": "offline", "WANDB_DIR": str(directory), "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off", "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true",
+        "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
+        "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+        "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
+    }.items():
+        monkeypatch.setenv(key, value)
+    yield OfflineWandb(directory)
+    import wandb
+
+    if wandb.run is not None:
+        wandb.finish()
