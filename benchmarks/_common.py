@@ -27,7 +27,9 @@ class TinyMLP(LightningModule):
         self.batch_size = batch_size
         self.net = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
         g = torch.Generator().manual_seed(0)
-        self.data = TensorDataset(torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g))
+        self.data = TensorDataset(
+            torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g)
+        )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -47,9 +49,14 @@ class SmallCNN(LightningModule):
         super().__init__()
         self.batch_size = batch_size
         self.net = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(), nn.Linear(64, 10),
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(64, 10),
         )
         g = torch.Generator().manual_seed(0)
         self.data = TensorDataset(
@@ -70,8 +77,12 @@ class SmallCNN(LightningModule):
 def quiet_trainer(**overrides: Any) -> Trainer:
     """A CPU Trainer that prints and writes nothing."""
     kwargs: dict[str, Any] = {
-        "accelerator": "cpu", "devices": 1, "max_epochs": 1, "logger": False,
-        "enable_checkpointing": False, "enable_progress_bar": False,
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
         "enable_model_summary": False,
     }
     kwargs.update(overrides)
@@ -92,7 +103,7 @@ def alternate(variants: dict[str, Callable[[], float]], repeats: int = 5) -> dic
     names = list(variants)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             samples[name].append(variants[name]())
     return {n: statistics.median(v) for n, v in samples.items()}

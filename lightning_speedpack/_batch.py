@@ -18,7 +18,7 @@ class BatchSizeError(TypeError):
 
 
 def find_first_tensor(batch: Any) -> torch.Tensor | None:
-    """Return the first tensor found depth-first in ``batch`` (tensor, mapping or sequence), or None."""
+    """Return the first tensor found depth-first in ``batch`` (mapping or sequence), or None."""
     if isinstance(batch, torch.Tensor):
         return batch
     if isinstance(batch, Mapping):

@@ -14,7 +14,7 @@ os.environ.setdefault("PL_DISABLE_FORK", "0")
 
 
 class OfflineWandb:
-    """A W&B offline sandbox: ``dir`` is the ``WANDB_DIR``; ``runs()`` reads back what was written."""
+    """A W&B offline sandbox: ``dir`` is the ``WANDB_DIR``; ``runs()`` reads back its runs."""
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -37,8 +37,12 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[O
     directory = tmp_path / "wandb-dir"
     directory.mkdir()
     for key, value in {
-        "WANDB_MODE": "offline", "WANDB_DIR": str(directory), "WANDB_SILENT": "true",
-        "WANDB_CONSOLE": "off", "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true",
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(directory),
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_DISABLE_CODE": "true",
         "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
         "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
         "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),

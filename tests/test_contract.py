@@ -1,4 +1,4 @@
-"""Every exported callback keeps the same promises: fits twice, resumes, pickles, leaves nothing behind."""
+"""Every exported callback fits twice, resumes, pickles, and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_every_public_callback_is_in_the_contract() -> None:
     # The contract grows as components land; this pins what it covers today.
     names = {cls.__name__ for cls in EXPORTED_CALLBACKS}
     assert names == {
-        n for n in lightning_speedpack.__all__
+        n
+        for n in lightning_speedpack.__all__
         if isinstance(getattr(lightning_speedpack, n), type)
         and issubclass(getattr(lightning_speedpack, n), Callback)
     }

@@ -41,4 +41,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.report.write_json(ns.json)
     if not ns.quiet:
         result.report.print()
+    result.print_traceback()  # last, where a Python user looks for it
     return result.exit_code

@@ -95,7 +95,9 @@ def register_diagnostic(
             f"diagnostic {name!r} is already registered to {existing.callback_type.__qualname__}; "
             "pick another name or unregister it first"
         )
-    _REGISTRY[name] = Diagnostic(name, callback_type, factory or (lambda _ctx: callback_type()), order)
+    _REGISTRY[name] = Diagnostic(
+        name, callback_type, factory or (lambda _ctx: callback_type()), order
+    )
 
 
 def unregister_diagnostic(name: str) -> None:

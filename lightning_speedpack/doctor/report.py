@@ -76,12 +76,23 @@ class Report:
 
         console = console or Console(stderr=True)
         console.rule("[bold]speedpack doctor")
+        if not self.runs:
+            console.print("No Trainer.fit ran to completion, so there are no run figures.")
         runs = Table(title="Runs", show_lines=False)
-        for col in ("run", "wall s", "samples", "samples/s"):
+        # Scalar figures the diagnostics measured become extra columns; series stay in the JSON.
+        extra = sorted({k for r in self.runs for k, v in r.figures.items() if _is_scalar(v)})
+        for col in ("run", "wall s", "samples", "samples/s", *extra):
             runs.add_column(col, justify="right")
         for i, run in enumerate(self.runs):
-            runs.add_row(str(i), f"{run.wall_s:.2f}", str(run.samples), f"{run.samples_per_sec:.1f}")
-        console.print(runs)
+            runs.add_row(
+                str(i),
+                f"{run.wall_s:.2f}",
+                str(run.samples),
+                f"{run.samples_per_sec:.1f}",
+                *(_fmt(run.figures.get(k)) for k in extra),
+            )
+        if self.runs:
+            console.print(runs)
         if not self.findings:
             console.print("No findings.")
             return
@@ -90,5 +101,19 @@ class Report:
             table.add_column(col, overflow="fold")
         order = {"error": 0, "warning": 1, "info": 2}
         for f in sorted(self.findings, key=lambda f: order.get(f.severity, 3)):
-            table.add_row(f.severity, f"{f.component}/{f.id}", f.message, f.location or "", f.fix or "")
+            table.add_row(
+                f.severity, f"{f.component}/{f.id}", f.message, f.location or "", f.fix or ""
+            )
         console.print(table)
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool)) or value is None
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)

@@ -13,6 +13,7 @@ wrapper there, so every rank runs the same callbacks and their collectives match
 from __future__ import annotations
 
 import os
+import resource
 import runpy
 import sys
 import time
@@ -44,7 +45,11 @@ _BOOTSTRAP_DIR = str(Path(__file__).with_name("_bootstrap"))
 
 
 class RunRecorder(Callback):
-    """Measures one fit's wall time and the samples it trained on (summed over ranks)."""
+    """Measures one fit's wall time and the samples it trained on (summed over ranks).
+
+    Also records ``peak_rss_mb``: the peak resident memory of this (rank 0's main) process so
+    far, from ``getrusage``; DataLoader workers are separate processes and not included.
+    """
 
     def __init__(self) -> None:
         self.runs: list[RunSummary] = []
@@ -59,7 +64,11 @@ class RunRecorder(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
         batch_idx: int,
     ) -> None:
         self._batches += 1
@@ -75,7 +84,15 @@ class RunRecorder(Callback):
         if trainer.world_size > 1:  # one collective per fit, not per step
             total = trainer.strategy.reduce(torch.tensor(float(samples)), reduce_op="sum")
             samples = int(total.item())  # type: ignore[union-attr]
-        self.runs.append(RunSummary(wall_s=wall, samples=samples, samples_per_sec=samples / wall))
+        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        self.runs.append(
+            RunSummary(
+                wall_s=wall,
+                samples=samples,
+                samples_per_sec=samples / wall,
+                figures={"peak_rss_mb": round(peak_rss_mb, 1)},
+            )
+        )
 
 
 @dataclass
@@ -112,12 +129,12 @@ class DoctorSession:
 
         __init__.__wrapped__ = original  # type: ignore[attr-defined]
         self._original_init = original
-        pl.Trainer.__init__ = __init__  # type: ignore[method-assign]
+        pl.Trainer.__init__ = __init__  # type: ignore[method-assign,assignment]
 
     def uninstall(self) -> None:
         """Restore ``Trainer.__init__`` (idempotent)."""
         if self._original_init is not None:
-            pl.Trainer.__init__ = self._original_init  # type: ignore[method-assign]
+            pl.Trainer.__init__ = self._original_init  # type: ignore[method-assign,assignment]
             self._original_init = None
 
     @contextmanager
@@ -166,24 +183,48 @@ def _safe_findings(diagnostic: Diagnostic, callback: Diagnosable) -> list[Findin
     try:
         return list(callback.doctor_findings())
     except Exception as err:  # pragma: no cover - defensive
-        return [Finding(diagnostic.name, "diagnostic-failed", f"{type(err).__name__}: {err}",
-                        severity="info")]
+        return [
+            Finding(
+                diagnostic.name,
+                "diagnostic-failed",
+                f"{type(err).__name__}: {err}",
+                severity="info",
+            )
+        ]
 
 
 @dataclass
 class ScriptResult:
-    """How the script ended and what the doctor saw."""
+    """How the script ended and what the doctor saw.
+
+    ``error`` is the exception the script raised (None when it returned or called ``sys.exit``);
+    :meth:`print_traceback` prints it as Python would, starting at the script's own frames.
+    """
 
     exit_code: int
     report: Report
+    script: str = ""
+    error: BaseException | None = None
+
+    def print_traceback(self) -> None:
+        """Print the script's traceback to stderr (nothing when it raised none)."""
+        if self.error is None:
+            return
+        tb = self.error.__traceback__
+        # Drop the runner's own frames so the traceback starts where the user's code does.
+        while tb is not None and tb.tb_frame.f_code.co_filename != self.script:
+            tb = tb.tb_next
+        traceback.print_exception(
+            type(self.error), self.error, tb or self.error.__traceback__, file=sys.stderr
+        )
 
 
 def run_script(script: str | os.PathLike[str], args: Sequence[str] = ()) -> ScriptResult:
     """Run ``script`` as ``__main__`` with ``args`` under a :class:`DoctorSession`.
 
-    The script sees the ``sys.argv`` and ``sys.path[0]`` it would see if run directly. Its
-    exceptions are printed with a traceback that starts at the script's own frames, and the
-    exit code is what Python would have returned.
+    The script sees the ``sys.argv`` and ``sys.path[0]`` it would see if run directly. An
+    exception it raises is kept in the result (see :meth:`ScriptResult.print_traceback`), and
+    the exit code is what Python would have returned.
 
     Raises:
         FileNotFoundError: ``script`` does not exist.
@@ -195,19 +236,18 @@ def run_script(script: str | os.PathLike[str], args: Sequence[str] = ()) -> Scri
     import lightning_speedpack  # noqa: F401
 
     session = DoctorSession()
-    exit_code = 0
+    exit_code: int = 0
+    error: BaseException | None = None
     with session.installed(), _script_environment(path, args):
         try:
             runpy.run_path(str(path), run_name="__main__")
         except SystemExit as exc:
             exit_code = _exit_code(exc.code)
-        except KeyboardInterrupt:
-            traceback.print_exc()
-            exit_code = 130
+        except KeyboardInterrupt as exc:
+            exit_code, error = 130, exc
         except BaseException as exc:
-            _print_script_traceback(exc, str(path))
-            exit_code = 1
-    return ScriptResult(exit_code=exit_code, report=session.report())
+            exit_code, error = 1, exc
+    return ScriptResult(exit_code, session.report(), script=str(path), error=error)
 
 
 @contextmanager
@@ -238,11 +278,3 @@ def _exit_code(code: object) -> int:
         return code
     print(code, file=sys.stderr)  # Python prints a non-int exit message and exits 1
     return 1
-
-
-def _print_script_traceback(exc: BaseException, script: str) -> None:
-    tb = exc.__traceback__
-    # Drop the runner's own frames so the traceback starts where the user's code does.
-    while tb is not None and tb.tb_frame.f_code.co_filename != script:
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)

@@ -33,12 +33,23 @@ def free_port() -> int:
 
 
 def _rank_main(
-    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
-    kwargs: dict[str, Any], results: Any, extra_env: dict[str, str],
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    results: Any,
+    extra_env: dict[str, str],
 ) -> None:
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
-        RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0", LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world_size),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        LOCAL_WORLD_SIZE=str(world_size),
         **extra_env,
     )
     import torch
@@ -51,8 +62,12 @@ def _rank_main(
 
 
 def run_ddp(
-    fn: Callable[..., T], *args: Any, world_size: int = 2, timeout: float = 180.0,
-    env: dict[str, str] | None = None, **kwargs: Any,
+    fn: Callable[..., T],
+    *args: Any,
+    world_size: int = 2,
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
 ) -> list[T]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return results ordered by rank.
 

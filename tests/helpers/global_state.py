@@ -26,7 +26,9 @@ def snapshot() -> dict[str, Any]:
         "trace": sys.gettrace(),
         "profile": sys.getprofile(),
         "warning_filters": len(warnings.filters),
-        "threads": sorted(t.name for t in threading.enumerate() if not t.daemon or "speedpack" in t.name),
+        "threads": sorted(
+            t.name for t in threading.enumerate() if not t.daemon or "speedpack" in t.name
+        ),
         "default_dtype": torch.get_default_dtype(),
     }
 

@@ -49,9 +49,14 @@ class TinyCNN(LightningModule):
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.net = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(), nn.Linear(32, 10),
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32, 10),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,7 +89,9 @@ class TinyMLP(LightningModule):
         self.n = n
         self.net = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
         g = torch.Generator().manual_seed(0)
-        self.data = TensorDataset(torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g))
+        self.data = TensorDataset(
+            torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g)
+        )
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -100,8 +107,13 @@ class TinyMLP(LightningModule):
 def quiet_trainer_kwargs(tmp_path: Any, **overrides: Any) -> dict[str, Any]:
     """Trainer arguments for a fast, quiet CPU test run writing under ``tmp_path``."""
     kwargs: dict[str, Any] = {
-        "accelerator": "cpu", "devices": 1, "max_epochs": 1, "default_root_dir": str(tmp_path),
-        "enable_progress_bar": False, "enable_model_summary": False, "logger": False,
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": 1,
+        "default_root_dir": str(tmp_path),
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "logger": False,
         "enable_checkpointing": False,
     }
     kwargs.update(overrides)

@@ -1,4 +1,4 @@
-"""Installed on PYTHONPATH by ``speedpack doctor`` so re-launched DDP ranks attach the same callbacks.
+"""On PYTHONPATH under ``speedpack doctor``: re-launched DDP ranks attach the same callbacks.
 
 Only the interpreter that re-runs the doctored script (``sys.argv[0]`` equal to it) is touched;
 DataLoader workers, tools and other Python processes start as usual. Any ``sitecustomize`` that

@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets itself up.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# pip takes torch 2.13.0 (CPU) from this machine's disk; bring your own CUDA build with
+# e.g. `make test TORCH_SPEC="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124"`.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.speedpack-installed
+DEMO_OUT ?= demo-output
+
+.PHONY: setup test lint typecheck pytest demo bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Torch first (a bare `torch` requirement would pull a multi-GB CUDA build), then the package.
+$(STAMP): pyproject.toml | $(BIN)/python
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_SPEC)
+	$(BIN)/python -m pip install -e ".[all,dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy
+
+pytest: setup
+	$(BIN)/python -m pytest
+
+test: lint typecheck pytest
+
+demo: setup
+	$(BIN)/python examples/demo.py --out $(DEMO_OUT)
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache

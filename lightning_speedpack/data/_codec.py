@@ -1,0 +1,219 @@
+"""Turn a dataset sample into one flat byte blob and back, without pickle.
+
+A blob is laid out as::
+
+    [u64 little-endian: length of the structure text]
+    [structure: UTF-8 JSON describing the nesting, the scalars and where each array lies]
+    [padding to 64 bytes] [array bytes, each starting on a 64-byte boundary] ...
+
+Supported leaves: ``torch.Tensor`` (any dtype, CPU, strided), ``numpy.ndarray`` and numpy
+scalars (any non-object dtype, structured dtypes included), ``int``, ``float``, ``bool``,
+``complex``, ``None``, ``str``, ``bytes`` and ``bytearray``; containers: ``tuple``, ``list`` and
+``dict`` (keys may be any supported scalar). Exact types only: a subclass (a named tuple, an
+``OrderedDict``, a tensor subclass) would come back as its base type, so it is refused rather
+than silently changed. JSON keeps every ``float`` exactly (``repr`` round trip), ``nan`` and
+``inf`` included.
+
+Decoding copies each array out of the blob, so a decoded sample owns its memory and may be
+modified in place.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["ALIGN", "EncodedSample", "decode", "dumps", "encode", "loads"]
+
+ALIGN = 64
+_LEN = struct.Struct("<Q")
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    str(dt).removeprefix("torch."): dt
+    for dt in vars(torch).values()
+    if isinstance(dt, torch.dtype)
+}
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class EncodedSample:
+    """A sample ready to be written: its structure text and the arrays to place after it.
+
+    Attributes:
+        header: the length prefix and the JSON structure text.
+        arrays: ``(offset, uint8 array)`` pairs, offsets relative to the blob start (the
+            structure text records them relative to the first 64-byte boundary after it).
+        nbytes: total blob size in bytes.
+    """
+
+    header: bytes
+    arrays: list[tuple[int, np.ndarray[Any, Any]]] = field(default_factory=list)
+    nbytes: int = 0
+
+    def write_into(self, dest: np.ndarray[Any, Any]) -> None:
+        """Copy the blob into ``dest``, a writable uint8 array of at least ``nbytes``."""
+        dest[: len(self.header)] = np.frombuffer(self.header, dtype=np.uint8)
+        for offset, array in self.arrays:
+            dest[offset : offset + array.size] = array
+
+
+class _Encoder:
+    def __init__(self, index: int | None, start: int) -> None:
+        self.index = index
+        self.arrays: list[tuple[int, np.ndarray[Any, Any]]] = []
+        self.cursor = 0  # bytes of array data placed so far, relative to the data start
+
+    def _place(self, raw: np.ndarray[Any, Any]) -> int:
+        offset = self.cursor
+        if raw.size:
+            self.arrays.append((offset, raw))
+        self.cursor = _align(offset + raw.size)
+        return offset
+
+    def _refuse(self, obj: object, why: str = "") -> TypeError:
+        where = f" at index {self.index}" if self.index is not None else ""
+        kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        hint = why or (
+            "supported: torch.Tensor, numpy arrays and scalars, int, float, bool, complex, "
+            "None, str, bytes, and tuple/list/dict of them"
+        )
+        return TypeError(f"CachedDataset cannot store a sample{where}: {kind} ({hint})")
+
+    def node(self, obj: Any) -> Any:  # noqa: C901 - one branch per supported type
+        kind = type(obj)
+        if obj is None or kind in (bool, int, str):
+            return obj
+        if kind is float:
+            return obj
+        if kind is torch.Tensor:
+            return self._tensor(obj)
+        if kind is np.ndarray:
+            return self._ndarray(obj, scalar=False)
+        if isinstance(obj, np.generic):
+            return self._ndarray(np.asarray(obj), scalar=True)
+        if kind is tuple:
+            return ["t", [self.node(v) for v in obj]]
+        if kind is list:
+            return ["l", [self.node(v) for v in obj]]
+        if kind is dict:
+            return ["d", [[self.node(k), self.node(v)] for k, v in obj.items()]]
+        if kind is bytes or kind is bytearray:
+            raw = np.frombuffer(bytes(obj), dtype=np.uint8)
+            return ["B" if kind is bytes else "A", self._place(raw), raw.size]
+        if kind is complex:
+            return ["c", obj.real, obj.imag]
+        raise self._refuse(obj)
+
+    def _tensor(self, t: torch.Tensor) -> list[Any]:
+        if t.device.type != "cpu":
+            raise self._refuse(t, f"a tensor on {t.device}: return CPU tensors from the dataset")
+        if t.layout != torch.strided or t.is_quantized:
+            raise self._refuse(t, f"layout {t.layout}: only dense strided tensors are supported")
+        data = t.detach().resolve_conj().resolve_neg().contiguous()
+        raw = data.reshape(-1).view(torch.uint8).numpy() if data.numel() else np.empty(0, np.uint8)
+        dtype = str(t.dtype).removeprefix("torch.")
+        return ["T", dtype, list(t.shape), self._place(raw), raw.size, int(t.requires_grad)]
+
+    def _ndarray(self, a: np.ndarray[Any, Any], *, scalar: bool) -> list[Any]:
+        if a.dtype.hasobject:
+            raise self._refuse(a, "numpy arrays of dtype object are not supported")
+        contiguous = np.ascontiguousarray(a)
+        raw = contiguous.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
+        descr = np.lib.format.dtype_to_descr(a.dtype)
+        return ["N", descr, list(a.shape), self._place(raw), raw.size, int(scalar)]
+
+
+def encode(sample: Any, index: int | None = None) -> EncodedSample:
+    """Describe ``sample`` as a blob; nothing is copied until ``write_into``.
+
+    Raises:
+        TypeError: ``sample`` holds a type the codec does not support; the message names the
+            type and ``index``.
+    """
+    encoder = _Encoder(index, 0)
+    structure = encoder.node(sample)
+    text = json.dumps(structure, separators=(",", ":")).encode()
+    header = _LEN.pack(len(text)) + text
+    data_start = _align(len(header))
+    arrays = [(data_start + off, raw) for off, raw in encoder.arrays]
+    return EncodedSample(header=header, arrays=arrays, nbytes=data_start + encoder.cursor)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"corrupt cache blob: unknown torch dtype {name!r}") from None
+
+
+def _build(node: Any, blob: np.ndarray[Any, Any], base: int) -> Any:
+    if not isinstance(node, list):
+        return node
+    tag = node[0]
+    if tag == "t":
+        return tuple(_build(v, blob, base) for v in node[1])
+    if tag == "l":
+        return [_build(v, blob, base) for v in node[1]]
+    if tag == "d":
+        return {_build(k, blob, base): _build(v, blob, base) for k, v in node[1]}
+    if tag == "T":
+        _, name, shape, offset, nbytes, grad = node
+        dtype = _torch_dtype(name)
+        if nbytes == 0:
+            out = torch.empty(shape, dtype=dtype)
+        else:
+            start = base + offset
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+            raw.numpy()[:] = blob[start : start + nbytes]
+            out = raw.view(dtype).reshape(shape)
+        return out.requires_grad_() if grad else out
+    if tag == "N":
+        _, descr, shape, offset, nbytes, scalar = node
+        dtype = np.lib.format.descr_to_dtype(_tuplify(descr))
+        start = base + offset
+        array = blob[start : start + nbytes].copy().view(dtype).reshape(shape)
+        return array[()] if scalar else array
+    if tag in ("B", "A"):
+        _, offset, nbytes = node
+        data = blob[base + offset : base + offset + nbytes].tobytes()
+        return data if tag == "B" else bytearray(data)
+    if tag == "c":
+        return complex(node[1], node[2])
+    raise ValueError(f"corrupt cache blob: unknown tag {tag!r}")
+
+
+def _tuplify(descr: Any) -> Any:
+    """JSON turned the tuples of a structured dtype description into lists; undo it."""
+    if isinstance(descr, list):
+        return [tuple(_tuplify(x) for x in field) if isinstance(field, list) else field
+                for field in descr]
+    return descr
+
+
+def decode(blob: np.ndarray[Any, Any], start: int = 0) -> Any:
+    """Rebuild the sample stored at ``blob[start:]``; arrays are copied and own their memory."""
+    (length,) = _LEN.unpack_from(blob, start)
+    text = blob[start + _LEN.size : start + _LEN.size + length].tobytes()
+    return _build(json.loads(text), blob, start + _align(_LEN.size + length))
+
+
+def dumps(sample: Any, index: int | None = None) -> bytes:
+    """Encode ``sample`` to ``bytes`` (tests and tools; the arena writes in place)."""
+    encoded = encode(sample, index)
+    out = np.zeros(encoded.nbytes, dtype=np.uint8)
+    encoded.write_into(out)
+    return out.tobytes()
+
+
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """Decode bytes made by ``dumps``."""
+    return decode(np.frombuffer(data, dtype=np.uint8))

@@ -1,0 +1,192 @@
+"""The doctor runs an unmodified script, attaches diagnostics to its Trainers, then leaves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytorch_lightning as pl
+from pytorch_lightning import Callback, Trainer
+
+from lightning_speedpack.doctor import Finding, register_diagnostic, unregister_diagnostic
+from lightning_speedpack.doctor.runner import DoctorSession, RunRecorder, run_script
+from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
+
+REPO = Path(__file__).resolve().parents[2]
+
+FIT_SCRIPT = """
+import sys
+from pytorch_lightning import Trainer
+from pytorch_lightning.demos.boring_classes import BoringModel
+
+print("script args:", sys.argv[1:])
+trainer = Trainer(accelerator="cpu", max_steps=5, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False,
+                  default_root_dir={root!r})
+trainer.fit(BoringModel())
+print("callbacks:", sorted(type(c).__name__ for c in trainer.callbacks))
+"""
+
+
+class Probe(Callback):
+    """A diagnostic registered only for these tests."""
+
+    def __init__(self, tag: str = "doctor") -> None:
+        self.tag = tag
+        self.batches = 0
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.batches += 1
+
+    def doctor_findings(self) -> list[Finding]:
+        return [
+            Finding("probe", "batches", f"saw {self.batches} batches", figures={"n": self.batches})
+        ]
+
+    def doctor_figures(self) -> dict[str, Any]:
+        return {"probe_batches": self.batches, "probe_series": [[1, 2.0]]}
+
+
+@pytest.fixture
+def probe() -> Iterator[None]:
+    register_diagnostic("probe", Probe, factory=lambda ctx: Probe("doctor"), order=1)
+    yield
+    unregister_diagnostic("probe")
+
+
+def _script(tmp_path: Path, body: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_reports_wall_time_samples_and_diagnostic_findings(
+    tmp_path: Path, probe: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _script(tmp_path, FIT_SCRIPT.format(root=str(tmp_path)))
+    result = run_script(script, ["--lr", "0.1"])
+    out = capsys.readouterr().out
+    assert result.exit_code == 0
+    assert "script args: ['--lr', '0.1']" in out  # the script's stdout and argv pass through
+    assert "Probe" in out
+    assert "RunRecorder" in out
+    (run,) = result.report.runs
+    assert run.samples == 5  # BoringModel: batches of 1
+    assert run.wall_s > 0
+    assert run.samples_per_sec == pytest.approx(run.samples / run.wall_s)
+    assert run.figures["probe_batches"] == 5
+    assert [f.id for f in result.report.findings if f.component == "probe"] == ["batches"]
+
+
+def test_trainer_init_is_restored_after_the_script(tmp_path: Path, probe: None) -> None:
+    original = pl.Trainer.__init__
+    run_script(_script(tmp_path, "raise RuntimeError('x')\n"))
+    assert pl.Trainer.__init__ is original
+    trainer = Trainer(**quiet_trainer_kwargs(tmp_path))
+    assert not any(isinstance(c, (Probe, RunRecorder)) for c in trainer.callbacks)
+
+
+def test_a_callback_the_user_added_is_not_added_twice(tmp_path: Path, probe: None) -> None:
+    mine = Probe("user")
+    session = DoctorSession()
+    with session.installed():
+        trainer = Trainer(callbacks=[mine], **quiet_trainer_kwargs(tmp_path, max_steps=3))
+    with DoctorSession().installed():
+        single = Trainer(callbacks=mine, **quiet_trainer_kwargs(tmp_path, max_steps=3))
+    probes = [c for c in trainer.callbacks if isinstance(c, Probe)]
+    assert probes == [mine]
+    assert [c for c in single.callbacks if isinstance(c, Probe)] == [mine]
+    trainer.fit(SizedBoringModel())
+    (finding,) = [f for f in session.report().findings if f.component == "probe"]
+    assert finding.figures == {"n": 3}  # the user's instance reported
+
+
+def test_exit_code_and_exception_pass_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_script(_script(tmp_path, "import sys\nsys.exit(3)\n")).exit_code == 3
+    assert run_script(_script(tmp_path, "import sys\nsys.exit()\n")).exit_code == 0
+    failing = _script(tmp_path, "def f():\n    raise ValueError('bad input')\n\nf()\n", "bad.py")
+    result = run_script(failing)
+    assert result.exit_code == 1
+    assert isinstance(result.error, ValueError)
+    result.print_traceback()
+    err = capsys.readouterr().err
+    assert f'File "{failing}", line 4, in <module>' in err
+    assert f'File "{failing}", line 2, in f' in err
+    assert "ValueError: bad input" in err
+    assert "runpy" not in err  # the traceback starts at the user's frames
+    assert "runner.py" not in err
+
+
+def test_missing_script_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no training script"):
+        run_script(tmp_path / "nope.py")
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_speedpack", "doctor", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_cli_writes_the_json_report_and_keeps_the_exit_code(tmp_path: Path) -> None:
+    script = _script(tmp_path, FIT_SCRIPT.format(root=str(tmp_path)) + "raise SystemExit(4)\n")
+    proc = _cli("--json", str(tmp_path / "r" / "report.json"), str(script), "a", cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr
+    assert "script args: ['a']" in proc.stdout
+    assert "speedpack doctor" in proc.stderr  # the report goes to stderr, stdout stays the script's
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert set(report) == {"findings", "runs"}
+    assert set(report["runs"][0]) >= {"wall_s", "samples", "samples_per_sec"}
+    assert report["runs"][0]["samples"] == 5
+    for finding in report["findings"]:
+        assert set(finding) >= {"component", "id", "message", "location", "figures"}
+
+
+def test_cli_shows_the_traceback_and_exits_nonzero(tmp_path: Path) -> None:
+    script = _script(tmp_path, "print('before')\nraise KeyError('boom')\n")
+    proc = _cli(str(script), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout == "before\n"
+    assert proc.stderr.rstrip().endswith("KeyError: 'boom'")
+    assert f'File "{script}", line 2' in proc.stderr
+
+
+DDP_SCRIPT = """
+import os
+from pytorch_lightning import Trainer
+from pytorch_lightning.demos.boring_classes import BoringModel
+
+trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=3, logger=False,
+                  enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False, default_root_dir={root!r})
+trainer.fit(BoringModel())
+names = sorted(type(c).__name__ for c in trainer.callbacks)
+with open(os.path.join({root!r}, f"rank{{trainer.global_rank}}.txt"), "w") as f:
+    f.write(",".join(names))
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_ranks_relaunched_by_lightning_get_the_same_diagnostics(tmp_path: Path) -> None:
+    script = _script(tmp_path, DDP_SCRIPT.format(root=str(tmp_path)))
+    proc = _cli("--json", str(tmp_path / "report.json"), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0 = (tmp_path / "rank0.txt").read_text()
+    rank1 = (tmp_path / "rank1.txt").read_text()
+    assert "RunRecorder" in rank0
+    assert rank0 == rank1  # same callbacks on both ranks, so their collectives match
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["runs"][0]["samples"] == 3 * 2  # 3 batches of 1 on each of 2 ranks
