@@ -20,16 +20,46 @@ def _parser() -> argparse.ArgumentParser:
         description="Run SCRIPT unmodified; attach the pack's diagnostics to every pl.Trainer it "
         "builds; print one report at the end. The script's output and exit code pass through.",
     )
-    doctor.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    doctor.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the report as JSON to PATH (may also follow SCRIPT; "
+        "arguments after `--` go to the script untouched)",
+    )
     doctor.add_argument("--quiet", action="store_true", help="do not print the report")
     doctor.add_argument("script", help="the training script to run")
     doctor.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
 
 
+def _split_script_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take a trailing ``--json PATH`` meant for the doctor out of the script's arguments.
+
+    ``speedpack doctor train.py --json out.json`` is what people type; everything after a
+    ``--`` goes to the script untouched, so a script's own ``--json`` can still be passed.
+    """
+    json_path: str | None = None
+    rest: list[str] = []
+    items = list(args)
+    while items:
+        item = items.pop(0)
+        if item == "--":
+            rest.extend(items)
+            break
+        if item == "--json" and items:
+            json_path = items.pop(0)
+        elif item.startswith("--json="):
+            json_path = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    return json_path, rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the script's exit code."""
     ns = _parser().parse_args(argv)
+    trailing_json, ns.args = _split_script_args(ns.args)
+    ns.json = ns.json or trailing_json
     from lightning_speedpack.doctor.runner import run_script
 
     try:

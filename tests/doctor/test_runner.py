@@ -190,3 +190,14 @@ def test_ranks_relaunched_by_lightning_get_the_same_diagnostics(tmp_path: Path) 
     assert rank0 == rank1  # same callbacks on both ranks, so their collectives match
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["runs"][0]["samples"] == 3 * 2  # 3 batches of 1 on each of 2 ranks
+
+
+def test_json_after_the_script_is_the_doctors_and_double_dash_passes_through() -> None:
+    from lightning_speedpack.doctor.cli import _split_script_args
+
+    assert _split_script_args(["--epochs", "2", "--json", "o.json"]) == (
+        "o.json",
+        ["--epochs", "2"],
+    )
+    assert _split_script_args(["--json=o.json", "x"]) == ("o.json", ["x"])
+    assert _split_script_args(["a", "--", "--json", "mine"]) == (None, ["a", "--json", "mine"])
