@@ -9,7 +9,7 @@ GPU-only ones without a GPU (pass ``DeviceInfo(type="cuda", has_tensor_cores=Tru
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,7 @@ _BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 @dataclass
 class AdvisorFinding:
-    """One checklist item the run fails: stable ``id``, severity, evidence from the run, and the fix.
+    """One checklist item the run fails: a stable ``id``, severity, evidence and the fix.
 
     Attributes:
         id: one of :data:`FINDING_IDS`, stable across releases (filter on it).
@@ -169,8 +169,9 @@ class LoaderSettings:
 
     Example:
         >>> from torch.utils.data import DataLoader
-        >>> LoaderSettings.from_dataloader(DataLoader(range(10), batch_size=4), "train_dataloader")
-        LoaderSettings(name='train_dataloader', num_workers=0, pin_memory=False, persistent_workers=False, batch_size=4)
+        >>> s = LoaderSettings.from_dataloader(DataLoader(range(10), batch_size=4), "train")
+        >>> s.num_workers, s.pin_memory, s.persistent_workers, s.batch_size
+        (0, False, False, 4)
     """
 
     name: str
@@ -220,9 +221,11 @@ def check_dataloader_workers(
     if loader.num_workers == 0:
         return [
             AdvisorFinding(
-                "dataloader-workers", "warning",
+                "dataloader-workers",
+                "warning",
                 "batches are loaded in the training process, so the step waits for every batch",
-                f"{loader.name}: num_workers=0", location=loader.name,
+                f"{loader.name}: num_workers=0",
+                location=loader.name,
                 fix=f"DataLoader(num_workers={min(share, 8)}, ...) loads the next batches in "
                 "background processes while the step runs",
                 figures={"num_workers": 0, "cpu_cores_per_process": share},
@@ -231,7 +234,8 @@ def check_dataloader_workers(
     if loader.num_workers > share:
         return [
             AdvisorFinding(
-                "dataloader-workers", "warning",
+                "dataloader-workers",
+                "warning",
                 "more dataloader workers than CPU cores per training process: they compete for "
                 "the cores and each holds its own batches in shared memory (/dev/shm)",
                 f"{loader.name}: num_workers={loader.num_workers}, {cpu_cores} cores / "
@@ -250,7 +254,8 @@ def check_pin_memory(loader: LoaderSettings, device: DeviceInfo) -> list[Advisor
         return []
     return [
         AdvisorFinding(
-            "pin-memory", "warning",
+            "pin-memory",
+            "warning",
             "batches are copied to the GPU from pageable memory, which cannot overlap with compute",
             f"{loader.name}: pin_memory=False on {device.name or 'a CUDA GPU'}",
             location=loader.name,
@@ -274,7 +279,8 @@ def check_persistent_workers(
     epochs = "an unbounded number of" if planned_epochs is None else str(planned_epochs)
     return [
         AdvisorFinding(
-            "persistent-workers", "warning",
+            "persistent-workers",
+            "warning",
             "the dataloader's worker processes are started again at every epoch, and the step "
             "waits while they assemble their first batches",
             f"{loader.name}: num_workers={loader.num_workers}, persistent_workers=False, "
@@ -287,7 +293,7 @@ def check_persistent_workers(
 
 
 def check_data_wait(
-    wait_s: float, step_s: float, steps: int, threshold: float = 0.2
+    wait_s: float, step_s: float, steps: int, threshold: float = 0.2, min_wait_s: float = 1e-3
 ) -> list[AdvisorFinding]:
     """``data-wait``: more than ``threshold`` of the step time spent waiting for the next batch.
 
@@ -297,16 +303,20 @@ def check_data_wait(
         step_s: seconds inside the measured training batches, summed.
         steps: how many steps were measured.
         threshold: the fraction of ``wait_s + step_s`` above which the finding fires.
+        min_wait_s: the finding also needs a mean wait of at least this many seconds per
+            step: below a millisecond the "wait" is the training loop's own bookkeeping
+            between steps (tiny models), which no data-loading fix removes.
     """
     total = wait_s + step_s
     if steps == 0 or total <= 0:
         return []
     fraction = wait_s / total
-    if fraction <= threshold:
+    if fraction <= threshold or wait_s / steps < min_wait_s:
         return []
     return [
         AdvisorFinding(
-            "data-wait", "error" if fraction > 0.5 else "warning",
+            "data-wait",
+            "error" if fraction > 0.5 else "warning",
             f"{fraction:.0%} of the training time waits for the next batch",
             f"measured over {steps} steps: {wait_s * 1e3 / steps:.1f} ms waiting vs "
             f"{step_s * 1e3 / steps:.1f} ms in the step, per step",
@@ -318,7 +328,10 @@ def check_data_wait(
 
 
 def check_batch_size_multiple(
-    batch_size: int | None, device: DeviceInfo, where: str = "train_dataloader", multiple_of: int = 8
+    batch_size: int | None,
+    device: DeviceInfo,
+    where: str = "train_dataloader",
+    multiple_of: int = 8,
 ) -> list[AdvisorFinding]:
     """``batch-size-multiple``: a batch size that is not a multiple of 8.
 
@@ -328,17 +341,22 @@ def check_batch_size_multiple(
         return []
     return [
         AdvisorFinding(
-            "batch-size-multiple", "warning" if device.has_tensor_cores else "info",
+            "batch-size-multiple",
+            "warning" if device.has_tensor_cores else "info",
             f"the batch size is not a multiple of {multiple_of}, so fp16/bf16 matrix products "
             "cannot use tensor cores fully",
             f"{where}: batch_size={batch_size}",
             location=where,
-            fix=f"batch_size={round_up(batch_size, multiple_of)} (or "
-            f"{max(multiple_of, batch_size // multiple_of * multiple_of)}), or let "
+            fix=f"batch_size={_nearest_multiples(batch_size, multiple_of)}, or let "
             "lightning_speedpack.BatchSizeTuner pick the largest multiple that fits",
             figures={"batch_size": batch_size},
         )
     ]
+
+
+def _nearest_multiples(value: int, multiple_of: int) -> str:
+    up, down = round_up(value, multiple_of), value // multiple_of * multiple_of
+    return str(up) if down < multiple_of else f"{up} or {down}"
 
 
 def check_layer_dims(
@@ -362,12 +380,14 @@ def check_layer_dims(
         fix = ", ".join(f"{d.param}={d.suggested}" for d in dims)
         findings.append(
             AdvisorFinding(
-                "layer-dims-multiple", "warning" if device.has_tensor_cores else "info",
+                "layer-dims-multiple",
+                "warning" if device.has_tensor_cores else "info",
                 f"{what} of {name or 'the model'} ({dims[0].layer}) not a multiple of "
                 f"{multiple_of}, so fp16/bf16 tensor cores are not used fully",
                 f"{name or '<root>'}: {evidence}",
                 location=name or "<root>",
-                fix=f"pad to {fix}" + (" (extra vocabulary rows are never predicted)" if vocab else ""),
+                fix=f"pad to {fix}"
+                + (" (extra vocabulary rows are never predicted)" if vocab else ""),
                 figures={d.param: d.value for d in dims},
             )
         )
@@ -384,7 +404,7 @@ def check_conv_bias_before_bn(module: nn.Module) -> list[AdvisorFinding]:
     findings = []
     for parent_name, parent in module.named_modules():
         children = list(parent.named_children())
-        for (conv_name, conv), (bn_name, bn) in zip(children, children[1:]):
+        for (conv_name, conv), (bn_name, bn) in itertools.pairwise(children):
             if not (isinstance(conv, _CONV) and isinstance(bn, _BATCHNORM)):
                 continue
             if conv.bias is None or bn.num_features != conv.out_channels:
@@ -393,7 +413,8 @@ def check_conv_bias_before_bn(module: nn.Module) -> list[AdvisorFinding]:
             bn_full = f"{parent_name}.{bn_name}" if parent_name else bn_name
             findings.append(
                 AdvisorFinding(
-                    "conv-bias-before-bn", "info",
+                    "conv-bias-before-bn",
+                    "info",
                     "a convolution's bias is followed by BatchNorm, which subtracts it again: "
                     "wasted compute and memory",
                     f"{full} ({type(conv).__name__}, bias=True) -> {bn_full} ({type(bn).__name__})",
@@ -416,7 +437,8 @@ def check_precision(precision: str, device: DeviceInfo) -> list[AdvisorFinding]:
     suggestion = "bf16-mixed" if device.supports_bf16 else "16-mixed"
     return [
         AdvisorFinding(
-            "precision", "warning",
+            "precision",
+            "warning",
             "full-precision training on a GPU with tensor cores, which run fp16/bf16 several "
             "times faster (2-3.5x reported) with about half the activation memory",
             f"Trainer(precision={precision!r}) on {device.name or 'a tensor-core GPU'}",
@@ -429,7 +451,7 @@ def check_precision(precision: str, device: DeviceInfo) -> list[AdvisorFinding]:
 def check_cudnn_benchmark(
     module: nn.Module, benchmark: bool, fixed_shapes: bool | None, device: DeviceInfo
 ) -> list[AdvisorFinding]:
-    """``cudnn-benchmark``: a conv model with fixed input shapes and cuDNN autotuning off (GPU-only).
+    """``cudnn-benchmark``: conv model, fixed input shapes, cuDNN autotuning off (GPU-only).
 
     Args:
         module: the model.
@@ -441,7 +463,8 @@ def check_cudnn_benchmark(
         return []
     return [
         AdvisorFinding(
-            "cudnn-benchmark", "warning",
+            "cudnn-benchmark",
+            "warning",
             "cuDNN picks its default convolution algorithms although the input shapes never "
             "change; autotuning them once is reported 1.27-1.70x faster",
             "torch.backends.cudnn.benchmark=False, fixed batch shapes in the measured steps",
@@ -456,7 +479,8 @@ def check_channels_last(module: nn.Module, device: DeviceInfo) -> list[AdvisorFi
     if not device.is_gpu:
         return []
     names = [
-        name for name, m in module.named_modules()
+        name
+        for name, m in module.named_modules()
         if isinstance(m, nn.Conv2d)
         and m.weight.dim() == 4
         and not m.weight.is_contiguous(memory_format=torch.channels_last)
@@ -466,7 +490,8 @@ def check_channels_last(module: nn.Module, device: DeviceInfo) -> list[AdvisorFi
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return [
         AdvisorFinding(
-            "channels-last", "warning",
+            "channels-last",
+            "warning",
             "4-D convolutions run in NCHW memory format; tensor cores prefer NHWC "
             "(channels_last, reported 8-35% faster with mixed precision)",
             f"{len(names)} Conv2d not channels_last: {shown}",
@@ -480,17 +505,16 @@ def check_channels_last(module: nn.Module, device: DeviceInfo) -> list[AdvisorFi
 
 def check_dataparallel(module: nn.Module) -> list[AdvisorFinding]:
     """``dataparallel``: ``nn.DataParallel`` inside the model."""
-    names = [
-        name or "<root>" for name, m in module.named_modules() if type(m) is nn.DataParallel
-    ]
+    names = [name or "<root>" for name, m in module.named_modules() if type(m) is nn.DataParallel]
     return [
         AdvisorFinding(
-            "dataparallel", "warning",
+            "dataparallel",
+            "warning",
             "nn.DataParallel runs all GPUs from one Python process (GIL-bound, replicates the "
             "model every step)",
             f"{name} is nn.DataParallel",
             location=name,
-            fix='remove nn.DataParallel and train with Trainer(strategy="ddp") (one process per GPU)',
+            fix='remove nn.DataParallel and use Trainer(strategy="ddp") (one process per GPU)',
         )
         for name in names
     ]
@@ -509,7 +533,8 @@ def check_zero_grad(stale_param: str | None, step: int | None = None) -> list[Ad
     where = f" at step {step}" if step is not None else ""
     return [
         AdvisorFinding(
-            "zero-grad", "warning",
+            "zero-grad",
+            "warning",
             "zero_grad fills every gradient with zeros (a memory write per parameter) instead "
             "of releasing it",
             f"{stale_param} still held a gradient tensor before backward{where}",
@@ -530,7 +555,8 @@ def check_eval_grad(evidence: str | None) -> list[AdvisorFinding]:
         return []
     return [
         AdvisorFinding(
-            "eval-grad", "warning",
+            "eval-grad",
+            "warning",
             "validation records the autograd graph, costing memory and time for gradients "
             "nobody uses",
             evidence,
@@ -544,7 +570,7 @@ def check_eval_grad(evidence: str | None) -> list[AdvisorFinding]:
 def check_sync_batchnorm(
     module: nn.Module, world_size: int, per_device_batch: int | None, tiny: int = 16
 ) -> list[AdvisorFinding]:
-    """``sync-batchnorm``: BatchNorm statistics over tiny per-device batches under DDP (informational).
+    """``sync-batchnorm``: BatchNorm over tiny per-device batches under DDP (informational).
 
     Args:
         module: the model.
@@ -559,7 +585,8 @@ def check_sync_batchnorm(
         return []
     return [
         AdvisorFinding(
-            "sync-batchnorm", "info",
+            "sync-batchnorm",
+            "info",
             "BatchNorm normalises with statistics of each process's own tiny batch, which can "
             "hurt accuracy; SyncBatchNorm shares them across processes (at a collective per layer)",
             f"{len(names)} BatchNorm layer(s) (first: {names[0]}), per-device batch "
@@ -569,7 +596,3 @@ def check_sync_batchnorm(
             figures={"per_device_batch": per_device_batch, "world_size": world_size},
         )
     ]
-
-
-def _names(items: Iterable[str]) -> str:  # pragma: no cover - kept for messages
-    return ", ".join(items)

@@ -62,8 +62,12 @@ def is_oom_error(error: BaseException) -> bool:
     """Whether ``error`` is an out-of-memory error: by type first, then by the known messages.
 
     Example:
-        >>> is_oom_error(torch.OutOfMemoryError("CUDA out of memory")), is_oom_error(ValueError("x"))
-        (True, False)
+        >>> is_oom_error(torch.OutOfMemoryError("CUDA out of memory"))
+        True
+        >>> is_oom_error(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
+        True
+        >>> is_oom_error(ValueError("CUDA out of memory"))
+        False
     """
     if isinstance(error, torch.OutOfMemoryError):  # torch.cuda.OutOfMemoryError is the same class
         return True
@@ -74,14 +78,14 @@ def is_oom_error(error: BaseException) -> bool:
 
 
 def free_memory() -> None:
-    """Collect garbage and return cached device memory to the driver (after an OOM, not per step)."""
+    """Collect garbage and return cached device memory to the driver (after an OOM only)."""
     gc.collect()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.empty_cache()
 
 
 class SizeSearch:
-    """The sequence of batch sizes to try: grow ×2, bisect, then verify the size minus the margin.
+    """The sequence of batch sizes to try: grow x2, bisect, then verify the size minus the margin.
 
     Every size it proposes is a multiple of ``multiple_of`` between ``multiple_of`` and ``cap``.
     Call :meth:`next_size`, try that size, :meth:`record` whether it fit, and repeat until
@@ -207,7 +211,9 @@ def pick_fastest(
     if not measured:
         return None
     best = max(t.samples_per_sec or 0.0 for t in measured)
-    tied = [t.batch_size for t in measured if (t.samples_per_sec or 0.0) >= best * (1 - tie_tolerance)]
+    tied = [
+        t.batch_size for t in measured if (t.samples_per_sec or 0.0) >= best * (1 - tie_tolerance)
+    ]
     return max(tied)
 
 

@@ -58,7 +58,14 @@ def round_up(value: int, multiple_of: int) -> int:
     return -(-value // multiple_of) * multiple_of
 
 
-_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_CONV = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
 
 
 def _layer_dims(module: nn.Module) -> list[tuple[str, int]]:
@@ -79,7 +86,7 @@ def _layer_dims(module: nn.Module) -> list[tuple[str, int]]:
 
 
 def find_unaligned_dims(module: nn.Module, multiple_of: int = 8) -> list[UnalignedDim]:
-    """List the Linear/Conv/Embedding/attention dimensions of ``module`` not divisible by ``multiple_of``.
+    """List the Linear/Conv/Embedding/attention dimensions not divisible by ``multiple_of``.
 
     Modules are visited in registration order (``named_modules``). The projections inside an
     ``nn.MultiheadAttention`` are reported through its ``embed_dim``/``head_dim``, not again
@@ -107,9 +114,15 @@ def find_unaligned_dims(module: nn.Module, multiple_of: int = 8) -> list[Unalign
         raise ValueError(f"`multiple_of` must be a positive int, got {multiple_of!r}")
     named = list(module.named_modules())
     attention = [name for name, m in named if isinstance(m, nn.MultiheadAttention)]
-    vocab_sizes = {m.num_embeddings for _, m in named if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
+    vocab_sizes = {
+        m.num_embeddings for _, m in named if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+    }
     last_linear = next(
-        (name for name, m in reversed(named) if isinstance(m, nn.Linear) and _outside(name, attention)),
+        (
+            name
+            for name, m in reversed(named)
+            if isinstance(m, nn.Linear) and _outside(name, attention)
+        ),
         None,
     )
     # The last Linear is the output layer when its width feeds no other layer.
@@ -126,7 +139,9 @@ def find_unaligned_dims(module: nn.Module, multiple_of: int = 8) -> list[Unalign
                 and (value in vocab_sizes or (name == last_linear and value not in widths_in))
             )
             found.append(
-                UnalignedDim(name, type(m).__name__, param, value, round_up(value, multiple_of), vocab)
+                UnalignedDim(
+                    name, type(m).__name__, param, value, round_up(value, multiple_of), vocab
+                )
             )
     return found
 

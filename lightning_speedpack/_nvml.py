@@ -7,6 +7,7 @@ to :class:`NvmlSampler`) to inject a fake NVML on machines without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import threading
@@ -170,10 +171,8 @@ class NvmlSampler:
             thread.join(timeout=5.0)
         if not self._closed:
             self._closed = True
-            try:
+            with contextlib.suppress(Exception):  # best effort
                 self._functions.shutdown()
-            except Exception:  # pragma: no cover - best effort
-                pass
 
 
 def summarize(per_device: dict[str, list[float]], prefix: str = "system/gpu/") -> dict[str, float]:

@@ -69,7 +69,8 @@ def window_rates(records: Iterable[StepRecord]) -> WindowRates | None:
     """Return the rates over ``records``, or None when they span no time.
 
     Example:
-        >>> r = window_rates([StepRecord(0.5, 32, data_wait=0.1), StepRecord(0.5, 32, data_wait=0.3)])
+        >>> steps = [StepRecord(0.5, 32, data_wait=0.1), StepRecord(0.5, 32, data_wait=0.3)]
+        >>> r = window_rates(steps)
         >>> r.samples_per_sec, r.step_time_ms, r.data_wait_fraction
         (64.0, 500.0, 0.4)
     """
@@ -87,7 +88,11 @@ def window_rates(records: Iterable[StepRecord]) -> WindowRates | None:
 
 
 def rates(
-    batches: int, seconds: float, samples: int, items: int = 0, wait: float = 0.0,
+    batches: int,
+    seconds: float,
+    samples: int,
+    items: int = 0,
+    wait: float = 0.0,
     flops: float = 0.0,
 ) -> WindowRates | None:
     """Return the rates of ``batches`` that took ``seconds`` in all, or None when no time passed.

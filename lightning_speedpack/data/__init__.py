@@ -1,3 +1,5 @@
 """Dataset wrappers."""
 
-__all__: list[str] = []
+from lightning_speedpack.data.cached_dataset import CacheBudgetWarning, CachedDataset, CacheInfo
+
+__all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset"]

@@ -34,10 +34,29 @@ ALIGN = 64
 _LEN = struct.Struct("<Q")
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
-    str(dt).removeprefix("torch."): dt
-    for dt in vars(torch).values()
-    if isinstance(dt, torch.dtype)
+    str(dt).removeprefix("torch."): dt for dt in vars(torch).values() if isinstance(dt, torch.dtype)
 }
+
+
+# Torch dtypes numpy can hold too: decoded through numpy, which costs fewer calls per tensor.
+_NUMPY_OF: dict[torch.dtype, np.dtype[Any]] = {
+    t: np.dtype(n)
+    for t, n in [
+        (torch.bool, "?"),
+        (torch.uint8, "u1"),
+        (torch.int8, "i1"),
+        (torch.int16, "<i2"),
+        (torch.int32, "<i4"),
+        (torch.int64, "<i8"),
+        (torch.float16, "<f2"),
+        (torch.float32, "<f4"),
+        (torch.float64, "<f8"),
+        (torch.complex64, "<c8"),
+        (torch.complex128, "<c16"),
+    ]
+}
+_PARSED: dict[bytes, Any] = {}  # structure text -> parsed; bounded, see decode()
+_PARSED_MAX = 4096
 
 
 def _align(n: int) -> int:
@@ -88,7 +107,7 @@ class _Encoder:
         )
         return TypeError(f"CachedDataset cannot store a sample{where}: {kind} ({hint})")
 
-    def node(self, obj: Any) -> Any:  # noqa: C901 - one branch per supported type
+    def node(self, obj: Any) -> Any:
         kind = type(obj)
         if obj is None or kind in (bool, int, str):
             return obj
@@ -168,8 +187,14 @@ def _build(node: Any, blob: np.ndarray[Any, Any], base: int) -> Any:
     if tag == "T":
         _, name, shape, offset, nbytes, grad = node
         dtype = _torch_dtype(name)
+        np_dtype = _NUMPY_OF.get(dtype)
         if nbytes == 0:
             out = torch.empty(shape, dtype=dtype)
+        elif np_dtype is not None:
+            start = base + offset
+            out = torch.from_numpy(
+                blob[start : start + nbytes].copy().view(np_dtype).reshape(shape)
+            )
         else:
             start = base + offset
             raw = torch.empty(nbytes, dtype=torch.uint8)
@@ -178,9 +203,9 @@ def _build(node: Any, blob: np.ndarray[Any, Any], base: int) -> Any:
         return out.requires_grad_() if grad else out
     if tag == "N":
         _, descr, shape, offset, nbytes, scalar = node
-        dtype = np.lib.format.descr_to_dtype(_tuplify(descr))
+        np_dtype = np.lib.format.descr_to_dtype(_tuplify(descr))
         start = base + offset
-        array = blob[start : start + nbytes].copy().view(dtype).reshape(shape)
+        array = blob[start : start + nbytes].copy().view(np_dtype).reshape(shape)
         return array[()] if scalar else array
     if tag in ("B", "A"):
         _, offset, nbytes = node
@@ -194,16 +219,26 @@ def _build(node: Any, blob: np.ndarray[Any, Any], base: int) -> Any:
 def _tuplify(descr: Any) -> Any:
     """JSON turned the tuples of a structured dtype description into lists; undo it."""
     if isinstance(descr, list):
-        return [tuple(_tuplify(x) for x in field) if isinstance(field, list) else field
-                for field in descr]
+        return [
+            tuple(_tuplify(x) for x in field) if isinstance(field, list) else field
+            for field in descr
+        ]
     return descr
 
 
 def decode(blob: np.ndarray[Any, Any], start: int = 0) -> Any:
     """Rebuild the sample stored at ``blob[start:]``; arrays are copied and own their memory."""
-    (length,) = _LEN.unpack_from(blob, start)
+    (length,) = _LEN.unpack_from(blob.data, start)
     text = blob[start + _LEN.size : start + _LEN.size + length].tobytes()
-    return _build(json.loads(text), blob, start + _align(_LEN.size + length))
+    # Samples of one shape share their structure text (offsets are relative), so parsing is
+    # memoised; the memo is bounded, so a worker's memory does not grow with samples read.
+    node = _PARSED.get(text)
+    if node is None:
+        node = json.loads(text)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[text] = node
+    return _build(node, blob, start + _align(_LEN.size + length))
 
 
 def dumps(sample: Any, index: int | None = None) -> bytes:

@@ -1,3 +1,5 @@
 """Training strategies."""
 
-__all__: list[str] = []
+from lightning_speedpack.strategies.ddp import DDPSpeedpackStrategy
+
+__all__: list[str] = ["DDPSpeedpackStrategy"]

@@ -1,0 +1,218 @@
+"""BatchSizeTuner against Lightning's BatchSizeFinder, and its throughput mode against a full sweep.
+
+1. Same model, same injected memory limit (``training_step`` raises ``torch.OutOfMemoryError``
+   above N samples): trial steps, wall time to decide, the size chosen, whether it is a multiple
+   of 8 -- ``BatchSizeTuner(mode="max")`` vs ``BatchSizeFinder(mode="binsearch")``, both with
+   ``steps_per_trial=3`` and ``margin=0.05``.
+2. ``BatchSizeTuner(mode="throughput")`` on a CPU model whose samples/s peak below the memory limit
+   (a contrastive-style loss whose cost grows with batch size squared) against an exhaustive sweep
+   of every multiple of 8 up to the limit: the samples/s of the chosen size relative to the best.
+
+Times are medians of alternating repeats in one process; only ratios are meaningful.
+
+Run: ``.venv/bin/python benchmarks/batch_size_tuner.py [--quick]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from pytorch_lightning import Callback, LightningModule, Trainer
+from pytorch_lightning.callbacks import BatchSizeFinder
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import alternate, print_table, quiet_trainer  # noqa: E402
+
+from lightning_speedpack import BatchSizeTuner  # noqa: E402
+
+
+class LimitedMLP(LightningModule):
+    """A small MLP whose ``training_step`` runs out of memory above ``limit`` samples."""
+
+    def __init__(self, limit: int, n: int = 8192, width: int = 32) -> None:
+        super().__init__()
+        self.limit, self.batch_size = limit, 2
+        self.trial_steps, self.training_started = 0, False
+        self.net = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1))
+        g = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g))
+
+    def on_train_start(self) -> None:
+        self.training_started = True
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if not self.training_started:
+            self.trial_steps += 1
+        if x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. (injected: {x.shape[0]} > {self.limit})")
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+class DecisionTimer(Callback):
+    """Wall time from the start of ``fit`` (first callback) to the start of training."""
+
+    def __init__(self) -> None:
+        self.start = self.seconds = 0.0
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def decide(kind: str, limit: int) -> tuple[float, int, int]:
+    """Return (seconds to decide, trial steps, chosen size) for one tuner on a fresh model."""
+    timer = DecisionTimer()
+    tuner: Callback = (
+        BatchSizeTuner(mode="max", steps_per_trial=3, margin=0.05, verbose=False)
+        if kind == "speedpack"
+        else BatchSizeFinder(mode="binsearch", steps_per_trial=3, margin=0.05)
+    )
+    model = LimitedMLP(limit)
+    trainer = quiet_trainer(callbacks=[timer, tuner], max_steps=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model)
+    return timer.seconds, model.trial_steps, int(model.batch_size)
+
+
+def compare_with_lightning(limits: list[int], repeats: int) -> None:
+    rows = []
+    for limit in limits:
+        results: dict[str, tuple[float, int, int]] = {}
+
+        def run(kind: str, limit: int = limit) -> float:
+            results[kind] = decide(kind, limit)
+            return results[kind][0]
+
+        medians = alternate(
+            {"speedpack": lambda: run("speedpack"), "lightning": lambda: run("lightning")},
+            repeats=repeats,
+        )
+        ours, theirs = results["speedpack"], results["lightning"]
+        rows.append([
+            limit, ours[1], theirs[1], ours[2], theirs[2],
+            "yes" if ours[2] % 8 == 0 else "no", "yes" if theirs[2] % 8 == 0 else "no",
+            medians["speedpack"] / medians["lightning"],
+        ])
+    print_table(
+        "Injected memory limit N: BatchSizeTuner(max) vs BatchSizeFinder(binsearch)",
+        ["N", "trial steps (ours)", "trial steps (Lightning)", "chosen (ours)",
+         "chosen (Lightning)", "ours ×8", "Lightning ×8", "time to decide ours/Lightning"],
+        rows,
+    )
+
+
+class Contrastive(LightningModule):
+    """Pairwise-similarity loss: per-step cost ~ a + b·B + c·B², so samples/s peak at some B."""
+
+    def __init__(self, limit: int, n: int = 4096, width: int = 64, proj: int = 256) -> None:
+        super().__init__()
+        self.limit, self.batch_size = limit, 8
+        self.encoder = nn.Sequential(nn.Linear(width, proj), nn.ReLU(), nn.Linear(proj, proj))
+        g = torch.Generator().manual_seed(0)
+        self.data = TensorDataset(torch.randn(n, width, generator=g))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        if x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. (injected)")
+        z = nn.functional.normalize(self.encoder(x), dim=1)
+        logits = z @ z.T  # B x B similarities: the quadratic part
+        for _ in range(3):
+            logits = logits @ logits.softmax(dim=1)  # more B^2 work, as in multi-view losses
+        labels = torch.arange(x.shape[0])
+        return nn.functional.cross_entropy(logits, labels)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+def samples_per_sec(model: Contrastive, size: int, steps: int) -> float:
+    """Compute-only samples/s at ``size``, as the tuner measures it (after a warm-up step)."""
+    optimizer = model.configure_optimizers()
+    batches = [(model.data.tensors[0][i * size:(i + 1) * size],) for i in range(steps + 1)]
+    start = 0.0
+    for i, batch in enumerate(batches):
+        if i == 1:
+            start = time.perf_counter()
+        loss = model.training_step(batch, i)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return size * steps / (time.perf_counter() - start)
+
+
+def throughput_vs_sweep(limit: int, sweep_step: int, repeats: int) -> None:
+    model = Contrastive(limit)
+    sizes = list(range(8, limit + 1, sweep_step))
+    speeds: dict[int, list[float]] = {s: [] for s in sizes}
+    chosen: list[int] = []
+    for r in range(repeats):
+        for size in sizes if r % 2 == 0 else sizes[::-1]:
+            speeds[size].append(samples_per_sec(model, size, steps=4))
+        tuner = BatchSizeTuner(mode="throughput", steps_per_trial=4, verbose=False)
+        trainer = quiet_trainer(callbacks=[tuner], max_steps=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Contrastive(limit))
+        assert tuner.batch_size is not None
+        chosen.append(tuner.batch_size)
+    median = {s: statistics.median(v) for s, v in speeds.items()}
+    best = max(median, key=lambda s: median[s])
+    rows = []
+    for size in sorted(set(chosen)):
+        sweep_speed = median.get(size) or statistics.median(
+            samples_per_sec(model, size, steps=4) for _ in range(3)
+        )
+        rows.append([
+            size, chosen.count(size), best, sweep_speed / median[best],
+            "yes" if sweep_speed >= 0.95 * median[best] else "no",
+        ])
+    print_table(
+        f"Throughput mode vs exhaustive sweep (every {sweep_step} up to N={limit}, "
+        f"{repeats} rounds)",
+        ["chosen size", "times chosen", "sweep's fastest size", "chosen samples/s / best",
+         "within 5%"],
+        rows,
+    )
+    top = sorted(median, key=lambda s: -median[s])[:5]
+    print("\nsweep's top five (size: samples/s):",
+          ", ".join(f"{s}: {median[s]:.0f}" for s in top))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats (< 60 s)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.quick:
+        compare_with_lightning([700, 3000], repeats=3)
+        throughput_vs_sweep(limit=384, sweep_step=16, repeats=1)
+    else:
+        compare_with_lightning([100, 700, 1000, 3000, 5000], repeats=5)
+        throughput_vs_sweep(limit=768, sweep_step=8, repeats=3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,596 @@
+"""Pure helpers for finding tensors that keep their autograd graph alive, and who holds them.
+
+Used by :class:`lightning_speedpack.callbacks.loss_retention.LossRetentionDetector`; nothing
+here knows about Lightning hooks.
+
+* :func:`tag_graph` writes the step a graph was created in into ``grad_fn.metadata`` (a dict
+  that survives ``backward``), so a graph met again later is known to be from an earlier step.
+* :func:`walk_containers` walks forward from named roots (the LightningModule, callbacks, a
+  module's globals) through lists, dicts, tuples, deques, closures and plain objects, yielding
+  every tensor that still has a ``grad_fn`` with a readable path such as ``model.hist["aux"][3]``.
+* :func:`heap_graph_tensors` scans the garbage collector's heap for such tensors, and
+  :func:`referrer_path` names who holds one by searching referrers upwards, only to confirm and
+  name a finding.
+* :func:`inspect_graphs` tells whether graphs were back-propagated (their saved tensors freed)
+  and estimates the bytes their saved tensors keep alive.
+
+Nothing here keeps a strong reference to a tensor after it returns.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import re
+import sys
+import types
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "BACKWARD_KEY",
+    "STEP_KEY",
+    "AttrRoot",
+    "GraphInfo",
+    "HolderPath",
+    "graph_step",
+    "heap_graph_tensors",
+    "holder_of",
+    "inspect_graphs",
+    "is_retained",
+    "module_display_name",
+    "module_globals_root",
+    "new_run_token",
+    "referrer_path",
+    "tag_graph",
+    "walk_containers",
+]
+
+STEP_KEY = "speedpack_step"
+"""``grad_fn.metadata`` key: ``(run token, batch)`` the graph was made (or first seen) in."""
+BACKWARD_KEY = "speedpack_backward"
+"""``grad_fn.metadata`` key: ``True`` when ``backward`` was called through this node."""
+
+_HEAD = 8  # items looked at from the start of a long container
+_TAIL = 56  # ... and from its end, where a leak appends
+_SKIP_PREFIXES = ("torch.", "pytorch_lightning.", "lightning.", "lightning_fabric.", "numpy.")
+_SKIP_TYPES: tuple[type, ...] = (
+    type, types.ModuleType, types.BuiltinFunctionType, types.MethodType, str, bytes, bytearray,
+    int, float, complex, bool, range, memoryview, torch.optim.Optimizer, torch.device,
+    torch.dtype,
+)
+
+
+# --------------------------------------------------------------------------- tagging
+
+
+def _metadata(node: Any) -> dict[str, Any]:
+    # ``Node.metadata`` is a property returning a dict that lives as long as the node.
+    return cast(dict[str, Any], node.metadata)
+
+
+def new_run_token() -> int:
+    """A token unique in this process, stamped into tags so one fit ignores another's graphs."""
+    return next(_RUN_TOKENS)
+
+
+_RUN_TOKENS = itertools.count(1)
+
+
+def tag_graph(
+    tensor: Tensor, step: int, run: int = 0, *, backward: bool = False, depth: int = 2,
+    max_nodes: int = 16,
+) -> None:
+    """Tag ``tensor``'s graph root and its nearest nodes with ``(run, step)`` (earliest wins).
+
+    Args:
+        tensor: a tensor, possibly without ``grad_fn`` (then nothing happens).
+        step: the training batch the graph belongs to.
+        run: the fit's token (see :func:`new_run_token`).
+        backward: also mark the nodes as back-propagated (call from ``on_before_backward``).
+        depth: how many edges below the root to tag (Lightning divides the user's loss by the
+            accumulation factor, so the user's own loss node is one edge below the root).
+        max_nodes: at most this many nodes are tagged.
+    """
+    root = tensor.grad_fn
+    if root is None:
+        return
+    frontier = [root]
+    seen = 0
+    for level in range(depth + 1):
+        following: list[Any] = []
+        for node in frontier:
+            if seen >= max_nodes:
+                return
+            seen += 1
+            meta = _metadata(node)
+            tag = meta.get(STEP_KEY)
+            if tag is None or tag[0] != run:
+                meta[STEP_KEY] = (run, step)
+            if backward:
+                meta[BACKWARD_KEY] = True
+            if level < depth:
+                following.extend(
+                    n for n, _ in node.next_functions
+                    if n is not None and type(n).__name__ != "AccumulateGrad"
+                )
+        frontier = following
+
+
+def graph_step(tensor: Tensor, step: int, run: int = 0) -> int | None:
+    """The step ``tensor``'s graph was created in during fit ``run``.
+
+    An untagged graph is tagged ``step`` now (first seen); a graph tagged by another fit
+    returns ``None`` (not this fit's business).
+    """
+    grad_fn = tensor.grad_fn
+    if grad_fn is None:
+        return step
+    meta = _metadata(grad_fn)
+    tag = meta.get(STEP_KEY)
+    if tag is None:
+        meta[STEP_KEY] = (run, step)
+        return step
+    if tag[0] != run:
+        return None
+    return int(tag[1])
+
+
+def is_retained(tensor: Tensor, step: int, run: int = 0) -> bool:
+    """Whether ``tensor``'s graph was made in an earlier step of fit ``run``."""
+    made = graph_step(tensor, step, run)
+    return made is not None and made < step
+
+
+# --------------------------------------------------------------------------- forward walk
+
+
+def _isa(obj: object, kinds: type | tuple[type, ...]) -> bool:
+    # type() and not isinstance(): isinstance reads __class__, which some deprecated module
+    # attributes (e.g. torch.distributed.reduce_op) turn into a FutureWarning.
+    return issubclass(type(obj), kinds)
+
+
+def _is_tensor(obj: object) -> bool:
+    return issubclass(type(obj), Tensor)
+
+
+def _capped_items(seq: Any, n: int) -> Iterator[tuple[int, Any]]:
+    if n <= _HEAD + _TAIL:
+        yield from enumerate(seq)
+        return
+    yield from enumerate(islice(seq, _HEAD))
+    tail = list(islice(reversed(seq), _TAIL))
+    for offset, item in enumerate(reversed(tail)):
+        yield n - len(tail) + offset, item
+
+
+def _dict_items(d: Mapping[Any, Any]) -> Iterator[tuple[Any, Any]]:
+    n = len(d)
+    if n <= _HEAD + _TAIL:
+        yield from list(d.items())
+        return
+    keys = list(islice(d, _HEAD)) + list(reversed(list(islice(reversed(d), _TAIL))))  # type: ignore[call-overload]
+    for key in keys:
+        if key in d:
+            yield key, d[key]
+
+
+class AttrRoot(dict):  # type: ignore[type-arg]
+    """A namespace root for :func:`walk_containers` whose entries read as ``.name``."""
+
+
+def _subscript(key: object) -> str:
+    if type(key) is str:
+        return '["' + key.replace('"', '\\"') + '"]'
+    return f"[{key!r}]"
+
+
+def _plain_object(obj: object) -> bool:
+    cls = type(obj)
+    module = getattr(cls, "__module__", "") or ""
+    return hasattr(obj, "__dict__") and not module.startswith(_SKIP_PREFIXES)
+
+
+def _module_children(module: nn.Module) -> Iterator[tuple[str, Any]]:
+    user_defined = not (type(module).__module__ or "").startswith("torch.")
+    if user_defined:
+        for key, value in list(vars(module).items()):
+            if not key.startswith("_"):
+                yield f".{key}", value
+    for key, child in list(module._modules.items()):
+        if child is not None:
+            yield f".{key}", child
+
+
+def _function_cells(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
+    closure = fn.__closure__ or ()
+    for name, cell in zip(fn.__code__.co_freevars, closure, strict=False):
+        try:
+            yield f".<closure>.{name}", cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    kind = type(obj)
+    if kind is list or kind is tuple or kind is deque or issubclass(kind, (list, tuple, deque)):
+        yield from ((f"[{i}]", v) for i, v in _capped_items(obj, len(obj)))
+    elif _isa(obj, AttrRoot):
+        yield from ((f".{k}", v) for k, v in _dict_items(obj))
+    elif _isa(obj, Mapping):
+        yield from ((_subscript(k), v) for k, v in _dict_items(obj))
+    elif _isa(obj, nn.Module):
+        yield from _module_children(obj)
+    elif _isa(obj, types.FunctionType):
+        yield from _function_cells(obj)
+    elif _isa(obj, (set, frozenset)):
+        yield from ((f"{{#{i}}}", v) for i, v in enumerate(islice(obj, _HEAD + _TAIL)))
+    elif _plain_object(obj):
+        yield from ((f".{k}", v) for k, v in list(vars(obj).items()))
+
+
+def walk_containers(
+    roots: Iterable[tuple[str, Any]],
+    max_depth: int = 4,
+    skip: Iterable[object] = (),
+) -> Iterator[tuple[str, Tensor]]:
+    """Yield ``(path, tensor)`` for every tensor with a ``grad_fn`` reachable from ``roots``.
+
+    Each root is ``(path, object)``; the object itself is depth 1. The walk descends lists,
+    tuples, deques, sets, mappings, user-defined ``nn.Module`` attributes and submodules,
+    closures of plain functions, and plain Python objects (not torch, Lightning or numpy
+    objects, not classes or modules), up to ``max_depth`` levels. Long containers are sampled
+    at both ends (where a leak appends) so the cost per step stays bounded. Parameters and
+    buffers are never yielded (they have no ``grad_fn``).
+
+    Args:
+        roots: named starting objects.
+        max_depth: how many container levels to descend.
+        skip: objects never entered (the trainer, the detector itself).
+    """
+    skip_ids = {id(o) for o in skip}
+    seen: set[int] = set(skip_ids)
+    stack: list[tuple[str, Any, int]] = [(p, o, 1) for p, o in reversed(list(roots))]
+    while stack:
+        path, obj, depth = stack.pop()
+        if obj is None or _isa(obj, _SKIP_TYPES):
+            continue
+        if _is_tensor(obj):
+            if obj.grad_fn is not None:
+                yield path, obj
+            continue
+        if id(obj) in seen or depth > max_depth:
+            continue
+        seen.add(id(obj))
+        try:
+            children = list(_children(obj))
+        except Exception:  # a container that cannot be iterated safely is skipped
+            continue
+        stack.extend((path + label, child, depth + 1) for label, child in reversed(children))
+
+
+def module_display_name(module: types.ModuleType | None) -> str:
+    """A module's name for a path: its file stem when it runs as ``__main__``."""
+    if module is None:
+        return "<module>"
+    name = module.__name__
+    if name == "__main__":
+        file = getattr(module, "__file__", None)
+        if file:
+            return Path(file).stem
+    return name
+
+
+def module_globals_root(module: types.ModuleType | None) -> tuple[str, AttrRoot] | None:
+    """``(display name, containers among its globals)`` of ``module``, as a walk root."""
+    if module is None:
+        return None
+    values = AttrRoot(
+        (k, v) for k, v in vars(module).items()
+        if not k.startswith("__")
+        and _isa(v, (list, dict, deque, tuple, set, Tensor, types.FunctionType))
+    )
+    return module_display_name(module), values
+
+
+_INT_SUBSCRIPT = re.compile(r"\[-?\d+\]")
+
+
+def holder_of(path: str) -> str:
+    """The holder of an element path: everything before the first integer subscript.
+
+    ``model.losses[17]`` -> ``model.losses``; ``model.hist["aux"][3]`` -> ``model.hist["aux"]``;
+    ``model.outs[2]["loss"]`` -> ``model.outs``.
+    """
+    match = _INT_SUBSCRIPT.search(path)
+    return path if match is None else path[: match.start()]
+
+
+# --------------------------------------------------------------------------- heap scan
+
+
+def heap_graph_tensors(exclude: Iterable[object] = ()) -> list[Tensor]:
+    """Every live tensor that has a ``grad_fn`` (one ``gc.get_objects()`` pass: costly).
+
+    Args:
+        exclude: tensors to leave out (e.g. the ones a forward walk already explained).
+    """
+    excluded = {id(t) for t in exclude}
+    found = []
+    for obj in gc.get_objects():
+        if issubclass(type(obj), Tensor) and id(obj) not in excluded and obj.grad_fn is not None:
+            found.append(obj)
+    return found
+
+
+@dataclass
+class _Edge:
+    parent: Any
+    label: str
+    kind: str  # "item", "key", "attr", "dict", "cell", "closure"
+    attr: str | None = None  # for "key": the key when it can be written as an attribute
+
+
+_PACKAGE_DIR = str(Path(__file__).parent)
+
+
+def _label_in(parent: Any, child: Any) -> _Edge | None:
+    if _isa(parent, types.FunctionType):
+        if parent.__closure__ is child:
+            return _Edge(parent, ".<closure>", "closure")
+        return None
+    if _isa(parent, (list, tuple, deque)):
+        for i, value in enumerate(parent):
+            if value is child:
+                return _Edge(parent, f"[{i}]", "item")
+        return None
+    if _isa(parent, dict):
+        for key, value in list(parent.items()):
+            if value is child:
+                attr = key if _isa(key, str) and key.isidentifier() else None
+                return _Edge(parent, _subscript(key), "key", attr)
+        return None
+    if _isa(parent, types.CellType):
+        return _Edge(parent, "", "cell")
+    if _isa(parent, (set, frozenset)):
+        return _Edge(parent, "{...}", "item")
+    if hasattr(parent, "__dict__"):
+        try:
+            attrs = vars(parent)
+        except TypeError:
+            return None
+        if attrs is child:
+            return _Edge(parent, "", "dict")
+        for key, value in list(attrs.items()):
+            if value is child:
+                return _Edge(parent, f".{key}", "attr")
+    return None
+
+
+def _root_name(parent: Any, edge: _Edge, roots: Mapping[int, str],
+               module_dicts: Mapping[int, types.ModuleType]) -> tuple[str, Any] | None:
+    if id(parent) in roots:
+        return roots[id(parent)], parent
+    if id(parent) in module_dicts and edge.kind == "key":
+        edge.kind, edge.label = "attr", f".{edge.attr}" if edge.attr else edge.label
+        module = module_dicts[id(parent)]
+        return module_display_name(module), module
+    if _isa(parent, types.FunctionType):
+        owner = sys.modules.get(parent.__module__ or "")
+        return f"{module_display_name(owner)}.{parent.__qualname__}", parent
+    return None
+
+
+@dataclass
+class HolderPath:
+    """Where :func:`referrer_path` found a tensor: the path and the root it starts from.
+
+    ``root`` is the named root object, a module (for its globals) or a function (for its
+    closure), so that a caller can walk it forward next time instead of searching again.
+    """
+
+    path: str
+    root: Any
+
+
+def referrer_path(
+    target: Tensor,
+    roots: Mapping[int, str],
+    max_levels: int = 8,
+    max_objects: int = 400,
+    ignore: Iterable[object] = (),
+) -> HolderPath | None:
+    """Name who holds ``target`` by searching ``gc`` referrers upwards (costly; confirm only).
+
+    One ``gc.get_referrers`` pass per level. A path ends at a named root (``roots`` maps
+    ``id(obj)`` to a name: the LightningModule, callbacks), at a module's globals
+    (``my_script.GLOBAL_LOSSES[0]``), at a function's closure
+    (``my_script.make.<locals>.record.<closure>.history[0]``) or at a running frame's local.
+
+    Args:
+        target: the tensor to name.
+        roots: ``id(obj) -> name`` of objects that end a path.
+        max_levels: how many referrer levels to search.
+        max_objects: how many objects to visit in all.
+        ignore: objects that are not holders (the caller's own lists).
+
+    Returns:
+        The path from a root down to ``target`` and that root, or ``None`` when none was
+        found within budget.
+    """
+    module_dicts = {id(m.__dict__): m for m in list(sys.modules.values()) if m is not None}
+    ignored = {id(o) for o in ignore}
+    down: dict[int, tuple[int, _Edge]] = {}  # id(parent) -> (id(child), edge), one per parent
+    visited = {id(target)}
+    frontier: list[Any] = [target]
+    for _ in range(max_levels):
+        if not frontier or len(visited) > max_objects:
+            return None
+        referrers = gc.get_referrers(*frontier)
+        ignored.update((id(referrers), id(frontier), id(down), id(visited)))
+        following: list[Any] = []
+        for parent in referrers:
+            if id(parent) in ignored or id(parent) in visited:
+                continue
+            if _isa(parent, types.FrameType):
+                name = _frame_local(parent, frontier)
+                if name is not None:
+                    return HolderPath(_compose(name[0], name[1], down), None)
+                continue
+            for child in frontier:
+                if not _refers(parent, child):
+                    continue
+                edge = _label_in(parent, child)
+                if edge is None:
+                    continue
+                down[id(parent)] = (id(child), edge)
+                ignored.add(id(edge))  # our own bookkeeping refers to ``parent`` too
+                root = _root_name(parent, edge, roots, module_dicts)
+                if root is not None:
+                    return HolderPath(_compose(root[0], parent, down), root[1])
+                visited.add(id(parent))
+                following.append(parent)
+                break
+        del referrers
+        frontier = following
+    return None
+
+
+def _frame_local(frame: types.FrameType, frontier: list[Any]) -> tuple[str, Any] | None:
+    if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        return None
+    for child in frontier:
+        for name, value in list(frame.f_locals.items()):
+            if value is child:
+                return f"<local {name!r} in {frame.f_code.co_name}()>", child
+    return None
+
+
+def _refers(parent: Any, child: Any) -> bool:
+    try:
+        return any(r is child for r in gc.get_referents(parent))
+    except Exception:  # pragma: no cover - defensive
+        return False
+
+
+def _compose(root_name: str, start: Any, down: Mapping[int, tuple[int, _Edge]]) -> str:
+    # ``down`` maps each visited parent to the child it was reached from; walk from ``start``.
+    parts = [root_name]
+    current = id(start)
+    after_dict = False
+    closure_fn: Any = None
+    for _ in range(len(down) + 1):
+        step = down.get(current)
+        if step is None:
+            break
+        child_id, edge = step
+        if edge.kind == "dict":
+            after_dict = True
+        elif edge.kind == "closure":
+            parts.append(edge.label)
+            closure_fn = edge.parent
+        elif closure_fn is not None and edge.kind == "item":
+            index = int(edge.label[1:-1])
+            parts.append(f".{closure_fn.__code__.co_freevars[index]}")
+            closure_fn = None
+        elif edge.kind == "key" and after_dict and edge.attr:
+            parts.append(f".{edge.attr}")
+        elif edge.kind != "cell":
+            parts.append(edge.label)
+        if edge.kind != "dict":
+            after_dict = False
+        current = child_id
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- graph weight
+
+_SAVED_ATTRS: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_attrs(node: Any) -> tuple[str, ...]:
+    kind = type(node)
+    names = _SAVED_ATTRS.get(kind)
+    if names is None:
+        names = tuple(a for a in dir(node) if a.startswith("_saved_"))
+        _SAVED_ATTRS[kind] = names
+    return names
+
+
+@dataclass
+class GraphInfo:
+    """What :func:`inspect_graphs` found about a set of graphs."""
+
+    backpropagated: bool
+    est_bytes: int
+    example_grad_fn: str
+
+
+def inspect_graphs(tensors: Iterable[Tensor], max_nodes: int = 256) -> GraphInfo:
+    """Whether the graphs were back-propagated, and the bytes their saved tensors keep alive.
+
+    A graph counts as back-propagated when its root carries :data:`BACKWARD_KEY` or when the
+    saved tensor nearest its root was freed by ``backward`` (reading it raises); an auxiliary
+    head on a back-propagated trunk therefore counts as not back-propagated, since its own
+    activations are kept. Scalars, and parameters (leaves requiring grad), are not
+    counted as activations; storages are counted once.
+
+    Args:
+        tensors: graph-carrying tensors (they should share a holder).
+        max_nodes: nodes visited per graph, to bound the cost.
+    """
+    storages: dict[int, int] = {}
+    all_backpropagated = True
+    example = ""
+    any_graph = False
+    for tensor in tensors:
+        root = tensor.grad_fn
+        if root is None:
+            continue
+        any_graph = True
+        example = example or type(root).__name__
+        # The node nearest the root that saved a tensor decides: freed means backward ran.
+        freed: bool | None = True if _metadata(root).get(BACKWARD_KEY) else None
+        seen = {id(root)}
+        queue = deque([root])
+        visited = 0
+        while queue and visited < max_nodes:
+            node = queue.popleft()
+            visited += 1
+            for name in _saved_attrs(node):
+                try:
+                    value = getattr(node, name)
+                except RuntimeError:
+                    freed = True if freed is None else freed
+                    continue
+                except Exception:  # pragma: no cover - exotic nodes
+                    continue
+                for saved in value if _isa(value, (tuple, list)) else (value,):
+                    if not _is_tensor(saved) or saved.numel() <= 1:
+                        continue  # a wrapped scalar (``loss * 0.5``) is no activation
+                    freed = False if freed is None else freed
+                    if saved.is_leaf and saved.requires_grad:
+                        continue  # a parameter: alive anyway
+                    try:
+                        storage = saved.untyped_storage()
+                        storages[storage.data_ptr()] = storage.nbytes()
+                    except Exception:  # pragma: no cover - tensors without storage
+                        continue
+            for child, _ in node.next_functions:
+                if child is not None and id(child) not in seen:
+                    seen.add(id(child))
+                    queue.append(child)
+        all_backpropagated = all_backpropagated and bool(freed)
+    return GraphInfo(
+        backpropagated=all_backpropagated and any_graph,
+        est_bytes=sum(storages.values()),
+        example_grad_fn=example,
+    )

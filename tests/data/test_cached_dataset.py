@@ -1,0 +1,414 @@
+"""CachedDataset end to end: exactness, hits across workers and ranks, budget, disk, clean-up."""
+
+from __future__ import annotations
+
+import doctest
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+from lightning_speedpack.data import cached_dataset as cd_module
+from lightning_speedpack.data.cached_dataset import (
+    CacheBudgetWarning,
+    CachedDataset,
+    CacheInfo,
+    job_id,
+)
+from tests.data.test_codec import assert_same
+from tests.helpers.ddp import run_ddp
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shm_entries() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("speedpack-")}
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Any:
+    before = shm_entries()
+    yield
+    assert shm_entries() - before == set()
+
+
+class Decoded(Dataset[Any]):
+    """Deterministic samples of varying shapes and nesting; counts decodes in a file if asked."""
+
+    def __init__(self, n: int = 24, log: str | None = None) -> None:
+        self.n = n
+        self.log = log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(f"{i}\n")
+        g = torch.Generator().manual_seed(i)
+        image = torch.randint(0, 256, (3, 4 + i % 7, 5 + i % 3), dtype=torch.uint8, generator=g)
+        return {
+            "image": image,
+            "label": i % 3,
+            "extra": (np.arange(i % 4, dtype=np.float32), f"name-{i}", b"\x00" * (i % 5)),
+        }
+
+
+def jitter(sample: dict[str, Any]) -> dict[str, Any]:
+    """A random, in-place augmentation (the kind that must stay after the cache)."""
+    sample["image"] += torch.randint(0, 2, sample["image"].shape, dtype=torch.uint8)
+    return sample
+
+
+def collate_identity(batch: Any) -> Any:
+    return batch
+
+
+def test_cached_samples_equal_uncached_exactly() -> None:
+    base = Decoded()
+    with CachedDataset(base, max_bytes=1 << 20) as cached:
+        for epoch in range(2):
+            for i in range(len(base)):
+                assert_same(cached[i], base[i])
+            assert cached.cache_info().misses == len(base)
+        info = cached.cache_info()
+    assert info == CacheInfo(len(base), len(base), len(base), info.bytes_used, 1 << 20, False)
+    assert info.hit_rate == 0.5
+    assert info.bytes_used >= sum(base[i]["image"].numel() for i in range(len(base)))
+
+
+def test_negative_and_numpy_indices_and_out_of_range() -> None:
+    with CachedDataset(Decoded(5), max_bytes=1 << 20) as cached:
+        assert_same(cached[-1], Decoded(5)[4])
+        assert_same(cached[np.int64(2)], Decoded(5)[2])
+        with pytest.raises(IndexError, match="out of range"):
+            cached[5]
+
+
+def test_augmentation_still_differs_across_epochs_and_does_not_touch_the_cache() -> None:
+    torch.manual_seed(0)
+    base = Decoded(8)
+    with CachedDataset(base, transform=jitter, max_bytes=1 << 20) as cached:
+        epochs = [[cached[i]["image"] for i in range(8)] for _ in range(3)]
+        assert cached.cache_info().misses == 8
+    for i in range(8):
+        clean = base[i]["image"]
+        assert not torch.equal(epochs[1][i], epochs[2][i])  # fresh randomness every access
+        for e in range(3):
+            assert ((epochs[e][i].int() - clean.int()) % 256 <= 1).all()  # applied to clean data
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["non-persistent", "persistent"])
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_epoch_two_is_all_hits_with_workers(context: str, persistent: bool) -> None:
+    base = Decoded(24)
+    with CachedDataset(base, max_bytes=1 << 20) as cached:
+        loader = DataLoader(
+            cached, batch_size=4, num_workers=2, collate_fn=collate_identity,
+            multiprocessing_context=context, persistent_workers=persistent, shuffle=True,
+        )
+        for _ in loader:
+            pass
+        first = cached.cache_info()
+        seen = [s for batch in loader for s in batch]
+        second = cached.cache_info()
+        del loader
+    assert (first.misses, first.hits, first.items) == (24, 0, 24)
+    assert (second.misses, second.hits - first.hits) == (24, 24)  # epoch 2: 100% hits
+    assert sorted(s["label"] for s in seen) == sorted(i % 3 for i in range(24))
+    by_name = {s["extra"][1]: s for s in seen}
+    for i in range(24):
+        assert_same(by_name[f"name-{i}"], base[i])
+
+
+def test_budget_reached_passes_samples_through_with_one_warning() -> None:
+    base = Decoded(24)
+    with CachedDataset(base, max_bytes=2048) as cached:
+        with pytest.warns(CacheBudgetWarning, match="reached its budget") as record:
+            for _ in range(2):
+                for i in range(24):
+                    assert_same(cached[i], base[i])
+        info = cached.cache_info()
+    assert len(record) == 1
+    assert info.budget_exhausted and 0 < info.items < 24
+    assert info.bytes_used <= 2048
+    assert info.hits == info.items and info.misses == 48 - info.items
+
+
+def test_disk_storage_is_reused_and_invalidated(tmp_path: Path) -> None:
+    log = tmp_path / "decodes.txt"
+    path = tmp_path / "cache" / "train.bin"
+    path.parent.mkdir()
+    with CachedDataset(Decoded(10, str(log)), storage="disk", path=path, max_bytes=1 << 20) as c:
+        assert [c[i]["label"] for i in range(10)] == [i % 3 for i in range(10)]
+    assert path.exists()
+    with CachedDataset(Decoded(10, str(log)), storage="disk", path=str(path), max_bytes=1 << 20) as c:
+        assert c.cache_info().items == 10  # reused: filled by the previous run
+        for i in range(10):
+            assert_same(c[i], Decoded(10)[i])
+        assert (c.cache_info().hits, c.cache_info().misses) == (10, 0)
+    assert len(log.read_text().split()) == 10  # decoded once over both runs
+    with CachedDataset(Decoded(10), storage="disk", path=path, max_bytes=1 << 20, key="v2") as c:
+        assert c.cache_info().items == 0  # another key: rebuilt
+    with CachedDataset(Decoded(11), storage="disk", path=path, max_bytes=1 << 20, key="v2") as c:
+        assert c.cache_info().items == 0  # another length: rebuilt
+
+
+def test_datasets_that_differ_only_in_their_data_get_separate_caches() -> None:
+    a = TensorDataset(torch.zeros(4, 2))
+    b = TensorDataset(torch.ones(4, 2))
+    with CachedDataset(a, max_bytes=1 << 16) as ca, CachedDataset(b, max_bytes=1 << 16) as cb:
+        assert ca.cache_path != cb.cache_path
+        assert ca[0][0].sum() == 0 and cb[0][0].sum() == 2
+
+
+def test_pickled_copy_shares_the_arena() -> None:
+    with CachedDataset(Decoded(6), max_bytes=1 << 20) as cached:
+        cached[1]
+        copy = pickle.loads(pickle.dumps(cached))
+        assert copy.cache_path == cached.cache_path
+        assert copy.cache_info().items == 1
+        copy[2]
+        assert cached.cache_info().items == 2
+        copy.close()
+        assert os.path.exists(str(cached.cache_path))  # a copy never removes the owner's file
+
+
+def test_unsupported_sample_names_type_and_index() -> None:
+    class Bad(Dataset[Any]):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> Any:
+            return {"x": torch.ones(1), "when": {1, 2}} if i == 2 else torch.ones(1)
+
+    with CachedDataset(Bad(), max_bytes=1 << 16) as cached:
+        cached[0]
+        with pytest.raises(TypeError, match=r"at index 2: builtins\.set"):
+            cached[2]
+
+
+def test_iterable_dataset_is_refused_with_advice() -> None:
+    class Stream(IterableDataset[int]):
+        def __iter__(self) -> Any:
+            return iter(range(3))
+
+    with pytest.raises(TypeError, match="needs a map-style dataset, got the IterableDataset .*Stream"):
+        CachedDataset(Stream())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"max_bytes": -1}, ValueError, "`max_bytes` must be a positive int, got -1"),
+        ({"max_bytes": 1.5}, TypeError, "`max_bytes` must be an int or None, got float"),
+        ({"storage": "ram"}, ValueError, "`storage` must be 'shared' or 'disk', got 'ram'"),
+        ({"storage": "disk"}, ValueError, "needs `path=`"),
+        ({"path": "x.bin"}, ValueError, "only used with storage='disk'"),
+        ({"transform": 3}, TypeError, "`transform` must be callable"),
+        ({"key": 1.0}, TypeError, "`key` must be a str, an int or None, got float"),
+        ({"max_bytes": 1 << 60}, ValueError, r"exceeds the .* free in /dev/shm"),
+    ],
+)
+def test_arguments_are_validated(kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        CachedDataset(Decoded(3), **kwargs)
+    with pytest.raises(TypeError, match="map-style"):
+        CachedDataset(42)  # type: ignore[arg-type]
+
+
+def test_small_dev_shm_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = cd_module.shutil.disk_usage("/dev/shm")
+    monkeypatch.setattr(
+        cd_module.shutil, "disk_usage", lambda p: usage._replace(free=64_000_000)
+    )
+    with pytest.raises(RuntimeError, match=r"only 61\.0 MiB free in /dev/shm.*--shm-size"):
+        CachedDataset(Decoded(3))
+
+
+def test_default_budget_is_a_fraction_of_free_shm_and_ram() -> None:
+    import psutil
+
+    with CachedDataset(Decoded(3)) as cached:
+        capacity = cached.cache_info().capacity_bytes
+    limit = min(cd_module.shutil.disk_usage("/dev/shm").free, psutil.virtual_memory().available)
+    assert 0 < capacity <= limit * 0.5 * 1.05
+
+
+def test_job_id_is_shared_by_ranks_and_differs_between_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert job_id() == f"pid{os.getpid()}"  # single process, or rank 0 before the launch
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert job_id() == "port127.0.0.1-29500"
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a rank Lightning's launcher started
+    assert job_id() == "port127.0.0.1-29500"
+    assert job_id(lambda j: j == f"pid{os.getppid()}") == f"pid{os.getppid()}"
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    assert job_id() == "slurm77.0"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
+    assert job_id() == "teabc-29500"
+
+
+def test_lightning_launched_rank_finds_the_cache_its_parent_made(tmp_path: Path) -> None:
+    """Rank 0 builds the dataset before Trainer.fit sets MASTER_PORT; the re-run rank finds it."""
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        from tests.data.test_cached_dataset import Decoded
+        from lightning_speedpack.data.cached_dataset import CachedDataset
+        c = CachedDataset(Decoded(6), max_bytes=1 << 20)
+        print(c.cache_path, c.cache_info().items)
+        c.close()
+    """))
+    with CachedDataset(Decoded(6), max_bytes=1 << 20) as parent:
+        parent[0]
+        parent[1]
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "LOCAL_RANK": "1"}
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                             text=True, timeout=120, check=True).stdout.split()
+        assert out == [parent.cache_path, "2"]
+        assert os.path.exists(str(parent.cache_path))
+
+
+def test_docstring_example_runs() -> None:
+    results = doctest.testmod(cd_module, optionflags=doctest.ELLIPSIS)
+    assert results.attempted > 0 and results.failed == 0
+
+
+# ----------------------------------------------------------------------- clean-up in /dev/shm
+SCRIPT = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+import torch
+from torch.utils.data import DataLoader, get_worker_info
+from tests.data.test_cached_dataset import Decoded
+from lightning_speedpack.data.cached_dataset import CachedDataset
+
+mode = sys.argv[1]
+
+class Killer(Decoded):
+    def __getitem__(self, i):
+        if i == 5 and get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+cached = CachedDataset(Killer(12), max_bytes=1 << 20)
+print(cached.cache_path, flush=True)
+if mode == "worker-killed":
+    try:
+        for _ in DataLoader(cached, batch_size=None, num_workers=2, timeout=60):
+            pass
+    except Exception as err:  # RuntimeError, or the fd transfer from the dead worker failing
+        print("worker died:", type(err).__name__, flush=True)
+    for i in range(12):  # the half-written index is unfilled, not corrupt
+        s = cached[i]
+        assert torch.equal(s["image"], Decoded(12)[i]["image"]), i
+    print("items", cached.cache_info().items, flush=True)
+elif mode == "exception":
+    cached[0]
+    raise ValueError("boom")
+elif mode == "interrupt":
+    cached[0]
+    print("ready", flush=True)
+    time.sleep(60)
+else:
+    cached[0]
+"""
+
+
+@pytest.mark.parametrize("mode", ["success", "exception", "interrupt", "worker-killed"])
+def test_no_leftovers_in_dev_shm(tmp_path: Path, mode: str) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT.format(repo=str(REPO)))
+    proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    path = proc.stdout.readline().strip()
+    assert path.startswith("/dev/shm/speedpack-")
+    if mode == "interrupt":
+        assert proc.stdout.readline().strip() == "ready"
+        assert os.path.exists(path)
+        proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    expected = {"success": 0, "worker-killed": 0, "exception": 1, "interrupt": -signal.SIGINT}
+    assert proc.returncode == expected[mode], err
+    if mode == "worker-killed":
+        assert "worker died" in out and "items 12" in out
+    if mode == "exception":
+        assert "ValueError: boom" in err
+    if mode == "interrupt":
+        assert "KeyboardInterrupt" in err
+    deadline = time.monotonic() + 5
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(path)
+
+
+# --------------------------------------------------------------------------------- real DDP
+def _collate_labels(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"label": [s["label"] for s in batch]}
+
+
+def _ddp_rank(tmp: str, log: str) -> tuple[int, str, CacheInfo]:
+    from pytorch_lightning import LightningModule, Trainer  # not in spawned DataLoader workers
+
+    class CacheReader(LightningModule):
+        """Trains on a CachedDataset; Lightning adds the DistributedSampler."""
+
+        def __init__(self, dataset: Dataset[Any]) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.dataset = dataset
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            labels = torch.as_tensor(batch["label"], dtype=torch.float32).view(-1, 1)
+            return self.layer(labels).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(self.dataset, batch_size=4, collate_fn=_collate_labels)
+
+    cached = CachedDataset(Decoded(32, log), max_bytes=1 << 20)
+    trainer = Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_epochs=3, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp,
+    )
+    trainer.fit(CacheReader(cached))
+    trainer.strategy.barrier()
+    info = cached.cache_info()
+    path = str(cached.cache_path)
+    trainer.strategy.barrier()
+    cached.close()
+    return trainer.global_rank, path, info
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_two_ddp_ranks_fill_each_index_once_for_the_node(tmp_path: Path) -> None:
+    log = tmp_path / "decodes.txt"
+    results = run_ddp(_ddp_rank, str(tmp_path), str(log), timeout=200)
+    (_, path0, info0), (_, path1, info1) = results
+    assert path0 == path1  # both ranks used one arena
+    decoded = sorted(int(x) for x in log.read_text().split())
+    assert decoded == list(range(32))  # every index decoded exactly once on the node
+    for info in (info0, info1):
+        assert (info.items, info.misses, info.hits) == (32, 32, 64)  # node-wide counts
+    assert not os.path.exists(path0)
