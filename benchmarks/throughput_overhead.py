@@ -18,11 +18,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _common import SmallCNN, TinyMLP, alternate, fit_seconds, print_table  # noqa: E402
-from pytorch_lightning import LightningModule  # noqa: E402
-from pytorch_lightning.callbacks import ThroughputMonitor  # noqa: E402
+import torch
+from _common import SmallCNN, TinyMLP, alternate, fit_seconds, print_table
+from pytorch_lightning import Callback, LightningModule
+from pytorch_lightning.callbacks import ThroughputMonitor
 
-from lightning_speedpack import ThroughputLogger  # noqa: E402
+from lightning_speedpack import ThroughputLogger
 
 
 def _batch_size(batch: Any) -> int:
@@ -35,6 +36,8 @@ def _variants(
     common: dict[str, Any] = {"max_epochs": epochs, "log_every_n_steps": 50}
     return {
         "bare": lambda: fit_seconds(factory, **common),
+        # Any callback costs Lightning's per-hook dispatch: this is that floor.
+        "empty Callback": lambda: fit_seconds(factory, callbacks=[Callback()], **common),
         "ThroughputLogger": lambda: fit_seconds(
             factory, callbacks=[ThroughputLogger(batch_size_fn=_batch_size)], **common
         ),
@@ -50,6 +53,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args()
     repeats = args.repeats or (5 if args.quick else 9)
+    torch.set_num_threads(1)  # the machine is shared: no thread oversubscription noise
     warnings.filterwarnings("ignore")  # ThroughputMonitor's "define flops_per_batch" hint
     import logging
 

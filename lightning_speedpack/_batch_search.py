@@ -21,6 +21,7 @@ __all__ = [
     "format_trials",
     "free_memory",
     "is_oom_error",
+    "next_throughput_size",
     "pick_fastest",
     "round_down",
 ]
@@ -232,3 +233,42 @@ def format_trials(trials: Sequence[Trial], chosen: int | None) -> str:
         mark = "  <- chosen" if t.batch_size == chosen and t.fits else ""
         lines.append(f"{t.batch_size:>10}  {'yes' if t.fits else 'no':>4}  {speed:>9}{mark}")
     return "\n".join(lines)
+
+
+def next_throughput_size(
+    trials: Sequence[Trial],
+    limit: int,
+    multiple_of: int,
+    tie_tolerance: float = THROUGHPUT_TIE_TOLERANCE,
+) -> int | None:
+    """Return the next size to measure around the fastest one so far, or ``None`` when done.
+
+    The growth-and-bisection search measures sizes a factor of two apart below the memory limit;
+    samples/s can peak between them. This refines like a bisection on both sides of the fastest
+    measured size: it proposes the midpoint (a multiple of ``multiple_of``) between the fastest
+    size and its measured neighbour below, then above, until both gaps are one multiple wide.
+
+    Example:
+        >>> speeds = {8: 100.0, 16: 180.0, 32: 300.0, 64: 280.0, 128: 200.0}
+        >>> trials = [Trial(s, True, v) for s, v in speeds.items()]
+        >>> next_throughput_size(trials, limit=128, multiple_of=8)
+        24
+    """
+    measured = sorted(
+        {t.batch_size for t in trials if t.fits and t.samples_per_sec is not None}
+        & set(range(multiple_of, limit + 1, multiple_of))
+    )
+    best = pick_fastest(trials, limit, tie_tolerance)
+    if best is None:
+        return None
+    tried = {t.batch_size for t in trials}
+    i = measured.index(best)
+    below = measured[i - 1] if i > 0 else 0
+    above = measured[i + 1] if i + 1 < len(measured) else None
+    for low, high in ((below, best), (best, above)):
+        if high is None:
+            continue
+        mid = round_down((low + high) // 2, multiple_of)
+        if low < mid < high and mid not in tried:
+            return mid
+    return None

@@ -37,14 +37,18 @@ from torch import Tensor, nn
 __all__ = [
     "BACKWARD_KEY",
     "STEP_KEY",
+    "UNNAMED_KEY",
     "AttrRoot",
     "GraphInfo",
     "HolderPath",
+    "container_globals",
     "graph_step",
     "heap_graph_tensors",
     "holder_of",
     "inspect_graphs",
     "is_retained",
+    "is_unnameable",
+    "mark_unnameable",
     "module_display_name",
     "module_globals_root",
     "new_run_token",
@@ -55,6 +59,7 @@ __all__ = [
 
 STEP_KEY = "speedpack_step"
 """``grad_fn.metadata`` key: ``(run token, batch)`` the graph was made (or first seen) in."""
+UNNAMED_KEY = "speedpack_unnamed"
 BACKWARD_KEY = "speedpack_backward"
 """``grad_fn.metadata`` key: ``True`` when ``backward`` was called through this node."""
 
@@ -62,8 +67,21 @@ _HEAD = 8  # items looked at from the start of a long container
 _TAIL = 56  # ... and from its end, where a leak appends
 _SKIP_PREFIXES = ("torch.", "pytorch_lightning.", "lightning.", "lightning_fabric.", "numpy.")
 _SKIP_TYPES: tuple[type, ...] = (
-    type, types.ModuleType, types.BuiltinFunctionType, types.MethodType, str, bytes, bytearray,
-    int, float, complex, bool, range, memoryview, torch.optim.Optimizer, torch.device,
+    type,
+    types.ModuleType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    str,
+    bytes,
+    bytearray,
+    int,
+    float,
+    complex,
+    bool,
+    range,
+    memoryview,
+    torch.optim.Optimizer,
+    torch.device,
     torch.dtype,
 )
 
@@ -85,7 +103,12 @@ _RUN_TOKENS = itertools.count(1)
 
 
 def tag_graph(
-    tensor: Tensor, step: int, run: int = 0, *, backward: bool = False, depth: int = 2,
+    tensor: Tensor,
+    step: int,
+    run: int = 0,
+    *,
+    backward: bool = False,
+    depth: int = 2,
     max_nodes: int = 16,
 ) -> None:
     """Tag ``tensor``'s graph root and its nearest nodes with ``(run, step)`` (earliest wins).
@@ -118,7 +141,8 @@ def tag_graph(
                 meta[BACKWARD_KEY] = True
             if level < depth:
                 following.extend(
-                    n for n, _ in node.next_functions
+                    n
+                    for n, _ in node.next_functions
                     if n is not None and type(n).__name__ != "AccumulateGrad"
                 )
         frontier = following
@@ -141,6 +165,17 @@ def graph_step(tensor: Tensor, step: int, run: int = 0) -> int | None:
     if tag[0] != run:
         return None
     return int(tag[1])
+
+
+def mark_unnameable(tensor: Tensor) -> None:
+    """Remember (on the graph itself) that no referrer search could name its holder."""
+    if tensor.grad_fn is not None:
+        _metadata(tensor.grad_fn)[UNNAMED_KEY] = True
+
+
+def is_unnameable(tensor: Tensor) -> bool:
+    """Whether :func:`mark_unnameable` was called for this graph."""
+    return tensor.grad_fn is not None and bool(_metadata(tensor.grad_fn).get(UNNAMED_KEY))
 
 
 def is_retained(tensor: Tensor, step: int, run: int = 0) -> bool:
@@ -193,20 +228,50 @@ def _subscript(key: object) -> str:
     return f"[{key!r}]"
 
 
-def _plain_object(obj: object) -> bool:
-    cls = type(obj)
+_SKIP, _TENSOR, _SEQ, _ATTRS, _MAP, _USER_MODULE, _TORCH_MODULE, _FUNC, _SET, _PLAIN = range(10)
+_KINDS: dict[type, int] = {}
+
+
+def _kind(cls: type) -> int:
+    # Classify each type once: the walk runs every step and must stay cheap.
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _classify(cls)
+        _KINDS[cls] = kind
+    return kind
+
+
+def _classify(cls: type) -> int:
     module = getattr(cls, "__module__", "") or ""
-    return hasattr(obj, "__dict__") and not module.startswith(_SKIP_PREFIXES)
+    if issubclass(cls, Tensor):
+        return _TENSOR
+    if cls is type(None) or issubclass(cls, _SKIP_TYPES):
+        return _SKIP
+    if issubclass(cls, (list, tuple, deque)):
+        return _SEQ
+    if issubclass(cls, AttrRoot):
+        return _ATTRS
+    if issubclass(cls, Mapping):
+        return _MAP
+    if issubclass(cls, nn.Module):
+        return _TORCH_MODULE if module.startswith("torch.") else _USER_MODULE
+    if issubclass(cls, types.FunctionType):
+        return _FUNC
+    if issubclass(cls, (set, frozenset)):
+        return _SET
+    if module.startswith(_SKIP_PREFIXES) or module == "builtins":
+        return _SKIP
+    return _PLAIN
 
 
-def _module_children(module: nn.Module) -> Iterator[tuple[str, Any]]:
-    user_defined = not (type(module).__module__ or "").startswith("torch.")
+def _module_children(module: nn.Module, user_defined: bool) -> Iterator[tuple[str, Any]]:
     if user_defined:
         for key, value in list(vars(module).items()):
             if not key.startswith("_"):
                 yield f".{key}", value
     for key, child in list(module._modules.items()):
-        if child is not None:
+        # a torch layer without submodules holds nothing but parameters and buffers
+        if child is not None and (child._modules or _kind(type(child)) == _USER_MODULE):
             yield f".{key}", child
 
 
@@ -219,22 +284,25 @@ def _function_cells(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def _children(obj: Any) -> Iterator[tuple[str, Any]]:
-    kind = type(obj)
-    if kind is list or kind is tuple or kind is deque or issubclass(kind, (list, tuple, deque)):
+def _children(obj: Any, kind: int) -> Iterator[tuple[str, Any]]:
+    if kind == _SEQ:
         yield from ((f"[{i}]", v) for i, v in _capped_items(obj, len(obj)))
-    elif _isa(obj, AttrRoot):
+    elif kind == _ATTRS:
         yield from ((f".{k}", v) for k, v in _dict_items(obj))
-    elif _isa(obj, Mapping):
+    elif kind == _MAP:
         yield from ((_subscript(k), v) for k, v in _dict_items(obj))
-    elif _isa(obj, nn.Module):
-        yield from _module_children(obj)
-    elif _isa(obj, types.FunctionType):
+    elif kind in (_USER_MODULE, _TORCH_MODULE):
+        yield from _module_children(obj, kind == _USER_MODULE)
+    elif kind == _FUNC:
         yield from _function_cells(obj)
-    elif _isa(obj, (set, frozenset)):
+    elif kind == _SET:
         yield from ((f"{{#{i}}}", v) for i, v in enumerate(islice(obj, _HEAD + _TAIL)))
-    elif _plain_object(obj):
-        yield from ((f".{k}", v) for k, v in list(vars(obj).items()))
+    elif kind == _PLAIN:
+        try:
+            attrs = vars(obj)
+        except TypeError:  # no __dict__ (slots, C types)
+            return
+        yield from ((f".{k}", v) for k, v in list(attrs.items()))
 
 
 def walk_containers(
@@ -256,25 +324,28 @@ def walk_containers(
         max_depth: how many container levels to descend.
         skip: objects never entered (the trainer, the detector itself).
     """
-    skip_ids = {id(o) for o in skip}
-    seen: set[int] = set(skip_ids)
+    seen: set[int] = {id(o) for o in skip}
     stack: list[tuple[str, Any, int]] = [(p, o, 1) for p, o in reversed(list(roots))]
     while stack:
         path, obj, depth = stack.pop()
-        if obj is None or _isa(obj, _SKIP_TYPES):
-            continue
-        if _is_tensor(obj):
+        kind = _kind(type(obj))
+        if kind == _TENSOR:
             if obj.grad_fn is not None:
                 yield path, obj
             continue
-        if id(obj) in seen or depth > max_depth:
+        if kind == _SKIP or depth > max_depth or id(obj) in seen:
             continue
         seen.add(id(obj))
         try:
-            children = list(_children(obj))
+            children = [
+                (path + label, child, depth + 1)
+                for label, child in _children(obj, kind)
+                if _kind(type(child)) != _SKIP
+            ]
         except Exception:  # a container that cannot be iterated safely is skipped
             continue
-        stack.extend((path + label, child, depth + 1) for label, child in reversed(children))
+        children.reverse()
+        stack.extend(children)
 
 
 def module_display_name(module: types.ModuleType | None) -> str:
@@ -289,14 +360,33 @@ def module_display_name(module: types.ModuleType | None) -> str:
     return name
 
 
-def module_globals_root(module: types.ModuleType | None) -> tuple[str, AttrRoot] | None:
-    """``(display name, containers among its globals)`` of ``module``, as a walk root."""
+def container_globals(module: types.ModuleType) -> tuple[str, ...]:
+    """Names of ``module``'s globals that can hold graphs: containers, tensors, closures."""
+    names = []
+    for key, value in list(vars(module).items()):
+        kind = _kind(type(value))
+        if not key.startswith("__") and (
+            kind in (_SEQ, _MAP, _SET, _TENSOR) or (kind == _FUNC and value.__closure__)
+        ):
+            names.append(key)
+    return tuple(names)
+
+
+def module_globals_root(
+    module: types.ModuleType | None, names: Iterable[str] | None = None
+) -> tuple[str, AttrRoot] | None:
+    """``(display name, containers among its globals)`` of ``module``, as a walk root.
+
+    Args:
+        module: the module.
+        names: the globals to include (default :func:`container_globals`); a caller may
+            cache the names (never the values, which would keep them alive).
+    """
     if module is None:
         return None
+    space = vars(module)
     values = AttrRoot(
-        (k, v) for k, v in vars(module).items()
-        if not k.startswith("__")
-        and _isa(v, (list, dict, deque, tuple, set, Tensor, types.FunctionType))
+        (k, space[k]) for k in (container_globals(module) if names is None else names) if k in space
     )
     return module_display_name(module), values
 
@@ -375,8 +465,9 @@ def _label_in(parent: Any, child: Any) -> _Edge | None:
     return None
 
 
-def _root_name(parent: Any, edge: _Edge, roots: Mapping[int, str],
-               module_dicts: Mapping[int, types.ModuleType]) -> tuple[str, Any] | None:
+def _root_name(
+    parent: Any, edge: _Edge, roots: Mapping[int, str], module_dicts: Mapping[int, types.ModuleType]
+) -> tuple[str, Any] | None:
     if id(parent) in roots:
         return roots[id(parent)], parent
     if id(parent) in module_dicts and edge.kind == "key":

@@ -114,6 +114,12 @@ class SyncFinding:
         first_step: ``trainer.global_step`` when it was first seen.
         steps_seen: in how many watched batches it synced; ``count / steps_seen`` is per step.
         origin: ``"user"`` or ``"framework"`` (Lightning's own code).
+
+    Example:
+        >>> f = SyncFinding("item", "train.py", 12, "loss.item()", "training_step", count=6,
+        ...                 steps_seen=3)
+        >>> f.per_step, f.location
+        (2.0, 'train.py:12')
     """
 
     kind: str
@@ -374,10 +380,10 @@ def _to_test(st: SyncDetector, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return _CPU_TO_CPU if st.include_cpu and isinstance(target, str) else None
 
 
-def _wrap(orig: Callable[..., Any], test: Test, step_only: bool = False) -> Callable[..., Any]:
+def _wrap(orig: Callable[..., Any], test: Test) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         st = _ARMED
-        if st is None or st.depth or get_ident() != st.thread or (step_only and st.in_tail):
+        if st is None or st.depth or get_ident() != st.thread:
             return orig(*args, **kwargs)
         kind = test(st, args, kwargs)
         if kind is None:
@@ -392,6 +398,35 @@ def _wrap(orig: Callable[..., Any], test: Test, step_only: bool = False) -> Call
     for attr in ("__name__", "__qualname__", "__doc__"):
         with contextlib.suppress(AttributeError, TypeError):  # exotic callables
             setattr(wrapper, attr, getattr(orig, attr))
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_indexing(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``__getitem__``/``__setitem__``, which are hot in DataLoader code.
+
+    A fixed signature (no keyword packing) and an early return between batches
+    (:meth:`SyncDetector.end_step`) keep the per-sample indexing of a dataset cheap.
+    """
+
+    def wrapper(self: torch.Tensor, idx: Any, *value: Any) -> Any:
+        st = _ARMED
+        if (
+            st is None
+            or st.in_tail
+            or st.depth
+            or get_ident() != st.thread
+            or not _is_mask(st, idx)
+        ):
+            return orig(self, idx, *value)
+        st.depth += 1
+        try:
+            st.hit("masked index", sys._getframe(1))
+            return orig(self, idx, *value)
+        finally:
+            st.depth -= 1
+
+    wrapper.__name__ = wrapper.__qualname__ = orig.__name__
     wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
     return wrapper
 
@@ -433,8 +468,8 @@ def _apply(specs: list[tuple[Any, str, Test]], saved: list[tuple[Any, str, Any]]
     for owner, name, test in specs:
         raw = vars(owner).get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name)
         saved.append((owner, name, raw))
-        step_only = name in _STEP_ONLY
-        setattr(owner, name, _wrap(getattr(owner, name), test, step_only))
+        orig = getattr(owner, name)
+        setattr(owner, name, _wrap_indexing(orig) if name in _INDEXING else _wrap(orig, test))
 
 
 def _restore(saved: list[tuple[Any, str, Any]]) -> None:
@@ -449,7 +484,7 @@ def _restore(saved: list[tuple[Any, str, Any]]) -> None:
 _MISSING = object()
 # DataLoader code indexes tensors once per sample: outside the step proper (between the end
 # of one batch and the start of the next) these wrappers return at once.
-_STEP_ONLY = frozenset({"__getitem__", "__setitem__"})
+_INDEXING = frozenset({"__getitem__", "__setitem__"})
 
 
 class SyncDetector:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "RATE_FIELDS",
@@ -24,9 +25,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """One training batch: its wall interval (data wait included), what it held, its wait."""
+class StepRecord(NamedTuple):
+    """One training batch: its wall interval (data wait included), what it held, its wait.
+
+    A ``NamedTuple`` rather than a dataclass: one is built per training step, and tuples are
+    the cheapest record Python has.
+    """
 
     seconds: float
     samples: int

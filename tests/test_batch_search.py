@@ -11,6 +11,7 @@ from lightning_speedpack._batch_search import (
     format_trials,
     free_memory,
     is_oom_error,
+    next_throughput_size,
     pick_fastest,
     round_down,
 )
@@ -179,3 +180,21 @@ def test_format_trials_marks_the_chosen_size() -> None:
     assert lines[0].split() == ["batch", "size", "fits", "samples/s"]
     assert lines[2].split() == ["16", "no", "-"]
     assert lines[1].endswith("<- chosen")
+
+
+def test_next_throughput_size_bisects_towards_the_peak_on_both_sides() -> None:
+    def speed(b: int) -> float:  # per-step cost 2 + b**2/1000: samples/s peaks near b = 45
+        return b / (2.0 + b * b / 1000.0)
+
+    trials = [Trial(s, True, speed(s)) for s in (8, 16, 32, 64, 128)] + [Trial(256, False)]
+    proposed = []
+    while (size := next_throughput_size(trials, limit=128, multiple_of=8)) is not None:
+        proposed.append(size)
+        trials.append(Trial(size, True, speed(size)))
+    assert proposed == [48, 40, 56]
+    assert pick_fastest(trials, limit=128, tie_tolerance=0.0) == 48
+    assert all(s % 8 == 0 for s in proposed)
+
+
+def test_next_throughput_size_with_nothing_measured() -> None:
+    assert next_throughput_size([Trial(8, False)], limit=8, multiple_of=8) is None

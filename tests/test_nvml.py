@@ -43,7 +43,9 @@ def test_sampler_reads_the_values_of_the_table() -> None:
         assert [t.name for t in _speedpack_threads()] == ["speedpack-nvml-sampler"]
         assert sampler.running
         assert sampler.read() == {
-            "util": [40.0, 60.0], "mem_used_gb": [2.0, 4.0], "power_w": [100.0, 101.0],
+            "util": [40.0, 60.0],
+            "mem_used_gb": [2.0, 4.0],
+            "power_w": [100.0, 101.0],
             "temp_c": [50.0, 51.0],
         }
         fake.util = {0: 20.0, 1: 80.0}
@@ -90,8 +92,12 @@ def test_sampler_needs_a_device() -> None:
 
 def test_summarize_stable_names() -> None:
     assert summarize({"util": [10.0, 30.0], "temp_c": [50.0, 50.0]}) == {
-        "system/gpu/util": 20.0, "system/gpu/util_min": 10.0, "system/gpu/util_max": 30.0,
-        "system/gpu/temp_c": 50.0, "system/gpu/temp_c_min": 50.0, "system/gpu/temp_c_max": 50.0,
+        "system/gpu/util": 20.0,
+        "system/gpu/util_min": 10.0,
+        "system/gpu/util_max": 30.0,
+        "system/gpu/temp_c": 50.0,
+        "system/gpu/temp_c_min": 50.0,
+        "system/gpu/temp_c_max": 50.0,
     }
     assert summarize({"power_w": [250.0]}) == {"system/gpu/power_w": 250.0}
 

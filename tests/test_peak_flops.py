@@ -40,8 +40,18 @@ def test_l40s_is_not_an_l4() -> None:
 
 
 def test_every_required_chip_has_every_precision() -> None:
-    for chip in ("a100", "a10g", "l4", "l40s", "rtx 4090", "h100 sxm", "h100 pcie", "h100 nvl",
-                 "h200 sxm", "b200"):
+    for chip in (
+        "a100",
+        "a10g",
+        "l4",
+        "l40s",
+        "rtx 4090",
+        "h100 sxm",
+        "h100 pcie",
+        "h100 nvl",
+        "h200 sxm",
+        "b200",
+    ):
         assert set(PEAK_FLOPS[chip]) == {"fp32", "tf32", "bf16", "fp16"}, chip
     assert set(PEAK_FLOPS["v100 sxm"]) == {"fp32", "fp16"}  # no TF32/BF16 tensor cores
 

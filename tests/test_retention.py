@@ -8,7 +8,6 @@ import sys
 import textwrap
 import weakref
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -103,7 +102,8 @@ def test_walk_stops_at_max_depth() -> None:
 def test_walk_skips_the_given_objects_and_parameters() -> None:
     model = Holder()
     assert _paths([("model", model)], skip=[model.hist, model.recent, model.ns]) == [
-        "model.losses[1]", "model.record.<closure>.seen[0]",
+        "model.losses[1]",
+        "model.record.<closure>.seen[0]",
     ]
     assert _paths([("layer", nn.Linear(2, 2))]) == []
 
@@ -114,7 +114,7 @@ def test_walk_samples_both_ends_of_long_containers() -> None:
     long[500] = _graph()  # the middle is not looked at every step
     long[998] = _graph()
     assert _paths([("xs", long)]) == ["xs[3]", "xs[998]"]
-    big = {i: 0.0 for i in range(1000)}
+    big: dict[int, Any] = dict.fromkeys(range(1000), 0.0)
     big[999] = _graph()
     assert _paths([("d", big)]) == ["d[999]"]
     recent: deque[Any] = deque([0.0] * 1000)
@@ -128,7 +128,9 @@ def test_walk_handles_cycles() -> None:
     assert _paths([("a", a)]) == ["a[0]"]
 
 
-def test_module_globals_root_and_display_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_module_globals_root_and_display_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "my_script.py").write_text("import torch\nLOSSES = []\nX = 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("my_script")
@@ -198,13 +200,15 @@ def test_referrer_path_names_a_module_global() -> None:
 
 
 def test_referrer_path_names_a_closure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "closures.py").write_text(textwrap.dedent("""
+    (tmp_path / "closures.py").write_text(
+        textwrap.dedent("""
         def make_recorder():
             history = []
             def record(loss):
                 history.append(loss)
             return record
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("closures")
     try:
@@ -291,6 +295,25 @@ def test_helpers_keep_no_strong_reference() -> None:
 
 
 def test_capped_items_indices() -> None:
-    items: Callable[[list[int]], list[int]] = lambda xs: [i for i, _ in R._capped_items(xs, len(xs))]  # noqa: E731
+    def items(xs: list[int]) -> list[int]:
+        return [i for i, _ in R._capped_items(xs, len(xs))]
+
     assert items(list(range(5))) == [0, 1, 2, 3, 4]
     assert items(list(range(100))) == list(range(8)) + list(range(44, 100))
+
+
+class Slotted:
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept = [_graph()]
+
+
+def test_an_unnameable_holder_is_remembered() -> None:
+    holder = Slotted()
+    tensor = holder.kept[0]
+    assert R.referrer_path(tensor, {}) is None  # a __slots__ object has no attribute dict
+    assert not R.is_unnameable(tensor)
+    R.mark_unnameable(tensor)
+    assert R.is_unnameable(tensor)
+    assert not R.is_unnameable(torch.ones(1))

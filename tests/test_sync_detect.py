@@ -372,3 +372,33 @@ def test_cuda_sync_debug_mode_injected(clean_state: None, monkeypatch: pytest.Mo
         ("cuda sync (debug mode)", lines["debug"], 1),
         ("empty cache", lines["patched"], 1),
     }
+
+
+def test_the_packs_other_callbacks_count_as_user_code(clean_state: None) -> None:
+    import lightning_speedpack
+
+    fake = os.path.join(os.path.dirname(lightning_speedpack.__file__), "callbacks", "fake_cb.py")
+    namespace: dict[str, Any] = {}
+    exec(compile("def read(t):\n    return t.item()\n", fake, "exec"), namespace)
+    with pytest.raises(SyncPointError, match=r"fake_cb\.py:2"):
+        _watch(lambda: namespace["read"](torch.ones(())), include_cpu=True, raise_on_user=True)
+
+
+def test_non_blocking_copy_from_pageable_memory(clean_state: None) -> None:
+    t = torch.ones(3)  # not pinned
+    line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+    det = _watch(lambda: t.to("meta", non_blocking=True))
+    assert [(f.kind, f.lineno) for f in det.findings()] == [("pageable copy", line)]
+    assert (
+        _watch(lambda: t.to("meta")).findings() == []
+    )  # a blocking host-to-device copy: not counted
+
+
+def test_docstring_examples_run(clean_state: None) -> None:
+    import doctest
+
+    from lightning_speedpack import _sync_detect
+
+    result = doctest.testmod(_sync_detect, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 6
+    assert result.failed == 0

@@ -21,8 +21,13 @@ def test_window_rates_exact() -> None:
     ]
     r = window_rates(records)
     assert r == WindowRates(
-        samples_per_sec=32.0, batches_per_sec=2.0, items_per_sec=320.0, flops_per_sec=400.0,
-        step_time_ms=500.0, data_wait_ms=250.0, data_wait_fraction=0.5,
+        samples_per_sec=32.0,
+        batches_per_sec=2.0,
+        items_per_sec=320.0,
+        flops_per_sec=400.0,
+        step_time_ms=500.0,
+        data_wait_ms=250.0,
+        data_wait_fraction=0.5,
     )
 
 

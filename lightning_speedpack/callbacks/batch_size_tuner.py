@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -31,6 +32,7 @@ from lightning_speedpack._batch_search import (
     format_trials,
     free_memory,
     is_oom_error,
+    next_throughput_size,
     pick_fastest,
 )
 from lightning_speedpack.doctor.registry import register_diagnostic
@@ -40,6 +42,7 @@ __all__ = ["BatchSizeTuner", "BatchSizeTuningError"]
 
 Mode = Literal["max", "throughput"]
 _TENSOR_CORE_MULTIPLE = 8
+_MAX_REFINEMENTS = 8  # extra throughput measurements around the fastest size
 
 
 class BatchSizeTuningError(RuntimeError):
@@ -60,9 +63,11 @@ class BatchSizeTuner(Callback):
 
     - ``mode="max"`` keeps the largest size that fit, minus ``margin``, rounded down to
       ``multiple_of``, verified by one more trial at that exact size.
-    - ``mode="throughput"`` also measures samples/s (compute only: transfer and step, after one
-      warm-up step) at every size that fit, and keeps the fastest not above the ``"max"`` choice;
-      sizes within 2% of the fastest count as tied and the larger wins.
+    - ``mode="throughput"`` also measures samples/s (compute only: transfer and step; the
+      median over the steps after a warm-up step) at every size that fits, measures a few more
+      sizes around the fastest one (bisecting towards the peak on both sides), and keeps the
+      fastest not above the ``"max"`` choice; sizes within 2% of the fastest count as tied and
+      the larger wins. On several ranks the samples/s are the mean over ranks.
 
     Everything else is left as found: parameters and buffers (bit-identical), gradients, the
     optimizer and LR-scheduler state, train/eval modes, the trainer's step and epoch, the other
@@ -319,7 +324,9 @@ class BatchSizeTuner(Callback):
                     fits, speed = run(size)
                     search.record(size, fits, speed)
                     snapshot.restore_grads()
-            trials, chosen = self._choose(trainer, search)
+                if search.result is not None and self.mode == "throughput":
+                    self._refine(search, run)
+            trials, chosen = self._choose(search)
             self.trials, self.batch_size, self.tuned = trials, chosen, True
             self._original = original
             if not self.dry_run:
@@ -332,7 +339,18 @@ class BatchSizeTuner(Callback):
             _scale_learning_rates(trainer, final / original)
         self._announce(trainer, original)
 
-    def _choose(self, trainer: pl.Trainer, search: SizeSearch) -> tuple[list[Trial], int]:
+    def _refine(self, search: SizeSearch, run: _TrialRunner) -> None:
+        """Measure more sizes around the fastest one (sizes are agreed, so ranks stay in step)."""
+        assert search.result is not None
+        for _ in range(_MAX_REFINEMENTS):
+            size = next_throughput_size(search.trials, search.result, self.multiple_of)
+            if size is None:
+                return
+            lightning_setattr(run.module, self.attr_name, size)
+            fits, speed = run(size)
+            search.trials.append(Trial(size, fits, speed if fits else None))
+
+    def _choose(self, search: SizeSearch) -> tuple[list[Trial], int]:
         if search.result is None:
             raise BatchSizeTuningError(
                 f"BatchSizeTuner: not even a batch of `multiple_of`={self.multiple_of} samples "
@@ -342,9 +360,6 @@ class BatchSizeTuner(Callback):
         trials = search.trials
         if self.mode == "max":
             return trials, search.result
-        if trainer.world_size > 1:  # one measurement for all ranks: rank 0's
-            speeds = trainer.strategy.broadcast([t.samples_per_sec for t in trials], src=0)
-            trials = [t._replace(samples_per_sec=s) for t, s in zip(trials, speeds, strict=True)]
         fastest = pick_fastest(trials, limit=search.result)
         return trials, search.result if fastest is None else fastest
 
@@ -466,8 +481,15 @@ def _iterate(loaders: Any) -> Iterator[Any]:
         yield from loaders
 
 
+def _samples_in(batch: Any, default: int) -> int:
+    try:
+        return infer_batch_size(batch)  # shape only, no device sync
+    except BatchSizeError:
+        return default
+
+
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":  # once per trial, around the timed steps
+    if device.type == "cuda":  # in trials only, around each timed step
         torch.cuda.synchronize(device)
 
 
@@ -500,15 +522,22 @@ class _TrialRunner:
         if not fits:
             free_memory()
         if self.trainer.world_size > 1:
-            fits = self._agree(fits, error)
+            return self._agree(fits, speed, error)
         return fits, speed
 
-    def _agree(self, fits: bool, error: BaseException | None) -> bool:
-        # One small collective per trial: how many ranks fit, how many failed otherwise.
-        strategy = self.trainer.strategy
-        votes = torch.tensor([int(fits), int(error is not None)], device=strategy.root_device)
+    def _agree(
+        self, fits: bool, speed: float | None, error: BaseException | None
+    ) -> tuple[bool, float | None]:
+        # One small collective per trial: how many ranks fit, how many failed otherwise, and
+        # the sum of their samples/s (so every rank sees the same mean and decides the same).
+        strategy, world = self.trainer.strategy, self.trainer.world_size
+        votes = torch.tensor(
+            [float(fits), float(error is not None), speed or 0.0],
+            dtype=torch.float64,
+            device=strategy.root_device,
+        )
         total = strategy.reduce(votes, reduce_op="sum")
-        n_fit, n_failed = (int(v) for v in total.tolist())
+        n_fit, n_failed, speed_sum = total.tolist()
         if error is not None:
             raise error
         if n_failed:
@@ -516,26 +545,25 @@ class _TrialRunner:
                 f"BatchSizeTuner: {n_failed} other rank(s) raised an error during a trial; "
                 "see their traceback"
             )
-        return n_fit == self.trainer.world_size
+        agreed = round(n_fit) == world
+        return agreed, (speed_sum / world if agreed and speed is not None else None)
 
     def _train(self, size: int) -> float | None:
-        strategy, module, precision = (
-            self.trainer.strategy,
-            self.module,
-            self.trainer.precision_plugin,
-        )
+        """Run the training steps; return samples/s of the steps after the first (warm-up)."""
+        strategy, module = self.trainer.strategy, self.module
+        precision = self.trainer.precision_plugin
         module.train()
         batches = _iterate(self.source.train_dataloader())
-        timed_samples, start = 0, 0.0
+        rates: list[float] = []
         for step in range(self.steps):
-            if step == 1:  # the first step is a warm-up
-                _sync(strategy.root_device)
-                start = time.perf_counter()
             try:
                 batch = next(batches)
             except StopIteration:
                 batches = _iterate(self.source.train_dataloader())
                 batch = next(batches)
+            if step >= 1:  # time transfer and step only, not the loading of the batch
+                _sync(strategy.root_device)
+                start = time.perf_counter()
             batch = strategy.batch_to_device(batch)
             with precision.train_step_context():
                 # The LightningModule itself, not the DDP wrapper: no gradient all-reduce, so a
@@ -546,13 +574,13 @@ class _TrialRunner:
                 loss.backward()  # type: ignore[no-untyped-call]
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            del batch, out, loss
             if step >= 1:
-                timed_samples += size
-        if self.steps == 1:
-            return None
-        _sync(strategy.root_device)
-        return timed_samples / max(time.perf_counter() - start, 1e-9)
+                _sync(strategy.root_device)
+                seconds = max(time.perf_counter() - start, 1e-9)
+                rates.append(_samples_in(batch, size) / seconds)
+            del batch, out, loss
+        # the median step: one step slowed down by another process does not decide
+        return statistics.median(rates) if rates else None
 
     def _validate(self) -> None:
         module, precision = self.module, self.trainer.precision_plugin

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+import time
 import types
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -28,8 +29,10 @@ __all__ = [
 ]
 
 _SAMPLED_GRAPHS = 8  # graphs per holder whose saved tensors are weighed
-_NAMED_PER_SCAN = 8  # referrer searches per heap scan (each is one gc pass per level)
+_NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per level)
 _EXTRA_PATH = "training_step()"
+_TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
+_GLOBALS_REFRESH = 32  # batches between re-reading which module globals are containers
 
 
 class RetainedGraphError(RuntimeError):
@@ -144,7 +147,8 @@ class LossRetentionDetector(Callback):
             :class:`RetainedGraphError` naming the holder).
         check_every_n_steps: run the cheap forward walk every this many training batches.
         deep_scan_every_n_steps: scan the heap every this many batches (``0``: only at the end
-            of training and on triggers).
+            of training and on triggers). Scheduled and triggered scans are postponed while
+            they would take more than 1% of the wall time since the previous one.
         max_depth: container levels the forward walk descends.
 
     Raises:
@@ -172,6 +176,9 @@ class LossRetentionDetector(Callback):
         >>> [(f.path, f.count, f.backpropagated) for f in detector.findings]
         [('model.losses', 3, True)]
     """
+
+    _scan_budget: float | None = 0.01
+    """Largest fraction of wall time the scheduled and triggered heap scans may take."""
 
     def __init__(
         self,
@@ -208,7 +215,12 @@ class LossRetentionDetector(Callback):
         self._learned_modules: set[str] = set()
         self._learned_functions: list[weakref.ref[types.FunctionType]] = []
         self._memory_baseline: int | None = None
-        self._last_deep_scan = -1
+        self._last_deep_scan = 0
+        self._scans = 0
+        self._scan_seconds = 0.0
+        self._scan_done_at = 0.0
+        self._global_names: dict[str, tuple[str, ...]] = {}
+        self._globals_refresh = 0
 
     @property
     def findings(self) -> list[RetainedGraph]:
@@ -241,25 +253,33 @@ class LossRetentionDetector(Callback):
 
     @override
     def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
         batch_idx: int,
     ) -> None:
         step = self._batch
-        outlived = any(ref() is not None for ref in self._extra_refs)
+        # a returned tensor that outlived its step is held somewhere: look (rate-limited)
+        outlived = any(ref() is not None for ref in self._extra_refs) and (
+            self._scans == 0 or step - self._last_deep_scan >= _TRIGGER_GAP
+        )
         self._extra_refs = []
         if isinstance(outputs, Mapping):
             self._check_outputs(outputs, step)
-        deep = outlived or self._memory_grew(pl_module) or (
-            self.deep_scan_every_n_steps > 0 and step > 0
-            and step % self.deep_scan_every_n_steps == 0
+        scheduled = (
+            self.deep_scan_every_n_steps > 0
+            and step - self._last_deep_scan >= self.deep_scan_every_n_steps
         )
+        deep = (outlived or self._memory_grew(pl_module) or scheduled) and self._affordable()
         if deep or step % self.check_every_n_steps == 0:
-            self._check(trainer, pl_module, deep=deep)
+            self._check(trainer, pl_module, step, deep=deep)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._batch >= 0 and self._last_deep_scan != self._batch:
-            self._check(trainer, pl_module, deep=True)
+            self._check(trainer, pl_module, self._batch, deep=True)
 
     # ------------------------------------------------------------------ checks
 
@@ -276,22 +296,33 @@ class LossRetentionDetector(Callback):
             if path in self._holders:
                 continue
             info = retention.inspect_graphs([tensor])
-            self._report(RetainedGraph(
-                path=path, step_first_seen=step, count=1, backpropagated=info.backpropagated,
-                est_bytes=info.est_bytes, example_grad_fn=info.example_grad_fn,
-                example_path=path,
-            ), raise_error=False)
+            self._report(
+                RetainedGraph(
+                    path=path,
+                    step_first_seen=step,
+                    count=1,
+                    backpropagated=info.backpropagated,
+                    est_bytes=info.est_bytes,
+                    example_grad_fn=info.example_grad_fn,
+                    example_path=path,
+                ),
+                raise_error=False,
+            )
 
-    def _roots(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule
-    ) -> list[tuple[str, Any]]:
+    def _roots(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[tuple[str, Any]]:
         roots: list[tuple[str, Any]] = [("model", pl_module)]
         for callback in trainer.callbacks:  # type: ignore[attr-defined]
             if callback is not self:
                 roots.append((type(callback).__name__, callback))
-        modules = {type(pl_module).__module__, *self._learned_modules}
-        for name in sorted(modules):
-            root = retention.module_globals_root(sys.modules.get(name))
+        if self._batch >= self._globals_refresh:  # names only: values are read every time
+            self._globals_refresh = self._batch + _GLOBALS_REFRESH
+            self._global_names = {
+                name: retention.container_globals(module)
+                for name in {type(pl_module).__module__, *self._learned_modules}
+                if (module := sys.modules.get(name)) is not None
+            }
+        for name, names in self._global_names.items():
+            root = retention.module_globals_root(sys.modules.get(name), names)
             if root is not None:
                 roots.append(root)
         for ref in self._learned_functions:
@@ -302,13 +333,23 @@ class LossRetentionDetector(Callback):
                 roots.append((name, fn))
         return roots
 
-    def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule, deep: bool) -> None:
-        step = self._batch
+    def _check(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, deep: bool
+    ) -> None:
         groups = self._walk(trainer, pl_module, step)
         if deep:
+            started = time.perf_counter()
             self._last_deep_scan = step
-            if self._name_unexplained(trainer, pl_module, step, groups):
-                groups = self._walk(trainer, pl_module, step)  # count what the new roots hold
+            self._scans += 1
+            named = self._name_unexplained(trainer, pl_module, step, groups)
+            self._scan_done_at = time.perf_counter()
+            self._scan_seconds = self._scan_done_at - started
+            if named is not None:
+                groups = self._walk(trainer, pl_module, step)  # count what new roots hold
+                for path, ref in named:  # named from the model or a callback, past max_depth
+                    refs = groups.setdefault(retention.holder_of(path), [])
+                    if all(r is not ref and r() is not ref() for _, r in refs):
+                        refs.append((path, ref))
         retained: set[int] = set()
         for holder, refs in groups.items():
             retained.update(id(t) for _, ref in refs if (t := ref()) is not None)
@@ -323,48 +364,69 @@ class LossRetentionDetector(Callback):
             self._roots(trainer, pl_module), self.max_depth, skip=(trainer, self)
         ):
             if retention.is_retained(tensor, step, self._run):
-                groups.setdefault(retention.holder_of(path), []).append(
-                    (path, weakref.ref(tensor))
-                )
+                groups.setdefault(retention.holder_of(path), []).append((path, weakref.ref(tensor)))
         return groups
 
     def _name_unexplained(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        step: int,
         groups: Mapping[str, list[tuple[str, weakref.ref[Tensor]]]],
-    ) -> bool:
+    ) -> list[tuple[str, weakref.ref[Tensor]]] | None:
+        """Heap-scan for retained graphs the walk did not explain; name a few by referrers.
+
+        Returns the tensors named under the model or a callback (the walk did not reach them),
+        or ``None`` when nothing was named. Roots learned (a module's globals, a closure) are
+        walked from then on, so each holder costs one referrer search per fit.
+        """
         explained = {
             id(t) for refs in groups.values() for _, ref in refs if (t := ref()) is not None
         }
-        old = [
-            weakref.ref(t) for t in retention.heap_graph_tensors()
-            if id(t) not in explained and retention.is_retained(t, step, self._run)
+        remaining = [
+            weakref.ref(t)
+            for t in retention.heap_graph_tensors()
+            if id(t) not in explained
+            and retention.is_retained(t, step, self._run)
+            and not retention.is_unnameable(t)
         ]
-        if not old:
-            return False
+        if not remaining:
+            return None
         names = {id(pl_module): "model", id(trainer): "trainer"}
-        names.update(
-            (id(cb), type(cb).__name__) for cb in trainer.callbacks  # type: ignore[attr-defined]
-        )
-        learned = False
-        for ref in _spread(old, _NAMED_PER_SCAN):
+        names.update((id(cb), type(cb).__name__) for cb in trainer.callbacks)  # type: ignore[attr-defined]
+        named: list[tuple[str, weakref.ref[Tensor]]] = []
+        searches = 0
+        while remaining and searches < _NAMED_PER_SCAN:
+            ref = remaining.pop(0)
             tensor = ref()
             if tensor is None:
                 continue
-            found = retention.referrer_path(tensor, names, ignore=(old,))
-            del tensor
+            searches += 1
+            found = retention.referrer_path(tensor, names, ignore=(remaining,))
             if found is None:
+                retention.mark_unnameable(tensor)  # never searched again
+                del tensor
                 continue
-            if isinstance(found.root, types.ModuleType):
-                self._learned_modules.add(found.root.__name__)
-                learned = True
-            elif isinstance(found.root, types.FunctionType):
-                self._learned_functions.append(weakref.ref(found.root))
-                learned = True
-        return learned
+            del tensor
+            named.append((found.path, ref))
+            root = self._learn(found.root)
+            if root is not None:  # drop what the new root explains: one search per holder
+                held = {id(t) for _, t in retention.walk_containers([root], self.max_depth)}
+                remaining = [r for r in remaining if id(r()) not in held]
+        return named or None
 
-    def _update(
-        self, holder: str, refs: list[tuple[str, weakref.ref[Tensor]]], step: int
-    ) -> None:
+    def _learn(self, root: Any) -> tuple[str, Any] | None:
+        if isinstance(root, types.ModuleType):
+            self._learned_modules.add(root.__name__)
+            self._globals_refresh = 0
+            return retention.module_globals_root(root)
+        if isinstance(root, types.FunctionType):
+            self._learned_functions.append(weakref.ref(root))
+            module = sys.modules.get(root.__module__ or "")
+            return f"{retention.module_display_name(module)}.{root.__qualname__}", root
+        return None
+
+    def _update(self, holder: str, refs: list[tuple[str, weakref.ref[Tensor]]], step: int) -> None:
         tensors = {id(t): t for _, ref in refs if (t := ref()) is not None}
         if not tensors:
             return
@@ -375,9 +437,13 @@ class LossRetentionDetector(Callback):
         finding = self._holders.get(holder)
         if finding is None:
             finding = RetainedGraph(
-                path=holder, step_first_seen=step, count=len(tensors),
-                backpropagated=info.backpropagated, est_bytes=est,
-                example_grad_fn=info.example_grad_fn, example_path=refs[-1][0],
+                path=holder,
+                step_first_seen=step,
+                count=len(tensors),
+                backpropagated=info.backpropagated,
+                est_bytes=est,
+                example_grad_fn=info.example_grad_fn,
+                example_path=refs[-1][0],
             )
             self._holders[holder] = finding
         else:
@@ -398,6 +464,14 @@ class LossRetentionDetector(Callback):
             raise RetainedGraphError(message)
         rank_zero_warn(message, category=RetainedGraphWarning)
 
+    def _affordable(self) -> bool:
+        # Heap scans cost ~0.1 s per 10^6 live objects; keep them under `_scan_budget` of the
+        # wall time since the last one (measured on the host: no device synchronisation).
+        if self._scan_budget is None or self._scans == 0:
+            return True
+        since = time.perf_counter() - self._scan_done_at
+        return since * self._scan_budget >= self._scan_seconds
+
     def _memory_grew(self, pl_module: pl.LightningModule) -> bool:
         if pl_module.device.type != "cuda":
             return False
@@ -406,7 +480,7 @@ class LossRetentionDetector(Callback):
             self._memory_baseline = allocated
             return False
         grew = allocated > self._memory_baseline * 1.25 + (64 << 20)
-        if grew and self._batch - self._last_deep_scan >= 10:
+        if grew and self._batch - self._last_deep_scan >= _TRIGGER_GAP:
             self._memory_baseline = allocated
             return True
         return False
@@ -422,16 +496,22 @@ class LossRetentionDetector(Callback):
         return [
             Finding(
                 component="loss_retention",
-                id="returned-graph" if f.path.startswith(_EXTRA_PATH)
-                else "retained-graph" if f.backpropagated else "retained-activations",
+                id="returned-graph"
+                if f.path.startswith(_EXTRA_PATH)
+                else "retained-graph"
+                if f.backpropagated
+                else "retained-activations",
                 message=f.describe(),
                 location=f.path,
                 figures={
-                    "count": f.count, "est_bytes": f.est_bytes,
-                    "backpropagated": f.backpropagated, "step_first_seen": f.step_first_seen,
+                    "count": f.count,
+                    "est_bytes": f.est_bytes,
+                    "backpropagated": f.backpropagated,
+                    "step_first_seen": f.step_first_seen,
                 },
                 severity=f.severity,
-                fix=f.fix() if not f.path.startswith(_EXTRA_PATH)
+                fix=f.fix()
+                if not f.path.startswith(_EXTRA_PATH)
                 else "Return `.detach()`ed values for every key but 'loss'.",
             )
             for f in self.findings
@@ -444,13 +524,6 @@ class LossRetentionDetector(Callback):
     def as_dicts(self) -> list[dict[str, Any]]:
         """The findings as plain dicts (for logging or JSON)."""
         return [asdict(f) for f in self.findings]
-
-
-def _spread(items: list[Any], n: int) -> Iterable[Any]:
-    if len(items) <= n:
-        return items
-    stride = len(items) / n
-    return [items[int(i * stride)] for i in range(n)]
 
 
 def _factory(_ctx: Any) -> LossRetentionDetector:

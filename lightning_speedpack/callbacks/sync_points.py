@@ -47,8 +47,11 @@ class SyncPointWarnings(Callback):
     It watches the training batch: from ``on_train_batch_start`` through ``training_step``,
     backward, the optimizer step, every ``on_train_batch_end`` hook (yours, other callbacks',
     the LightningModule's) and Lightning's work up to the next batch (the DDP SIGTERM
-    broadcast, logging). Validation batches are watched with ``validation=True``. Dataset
-    code that a ``DataLoader`` runs in this process is not counted.
+    broadcast, logging). Masked indexing is watched up to this callback's own
+    ``on_train_batch_end`` only (DataLoader code indexes once per sample, so watching it
+    there would cost). Validation batches are watched with ``validation=True``. Dataset
+    code that a ``DataLoader`` runs in this process is not counted. Syncs in the pack's other
+    callbacks count as yours: they promise to add none (``mode="error"`` proves it).
 
     What counts: ``.item()``, ``float()/int()/bool()`` (``if (x != 0).all():``),
     ``__index__``, ``.tolist()``, ``.numpy()``/``np.asarray(t)``, ``.cpu()``, ``.to("cpu")`` of
@@ -75,7 +78,11 @@ class SyncPointWarnings(Callback):
     ``.to(self.device)`` does not (a ``torch.device`` may be the module's own device).
 
     Rank policy: every rank records its own :attr:`report`; only rank 0 warns and prints.
-    The CUDA sync-debug-mode path was exercised on a CPU-only machine through injection only.
+    The CUDA paths (``set_sync_debug_mode``, ``torch.cuda.synchronize``, ``Event``/``Stream``
+    ``.synchronize``, real device tensors) were exercised on a CPU-only machine through
+    injection only (fake debug-mode API and warnings, fake CUDA functions, ``meta`` tensors).
+    While armed on CUDA, the warning filters are saved and restored around the fit
+    (``warnings.catch_warnings``), so filters a hook adds during the fit do not outlive it.
 
     Args:
         mode: ``"warn"``: one :class:`SyncWarning` per user call site, at your file and line;

@@ -126,6 +126,7 @@ class ThroughputLogger(Callback):
         self.gpu_stats = gpu_stats
         self.prefix = prefix
 
+        self._state_key = self._generate_state_key(prefix=prefix, window=window)
         self._clock = StepClock(window)
         self._totals: dict[str, float] = dict.fromkeys(_TOTALS, 0.0)
         self._measured_flops: float | None = None
@@ -148,7 +149,8 @@ class ThroughputLogger(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(prefix=self.prefix, window=self.window)
+        # Lightning reads this on every hook call (profiler names): build it once.
+        return self._state_key
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -231,7 +233,7 @@ class ThroughputLogger(Callback):
         if measuring:
             self._measured_flops = float(self._flop_mode.get_total_flops())
             self._close_flop_mode()
-        samples = self.batch_size_fn(batch) if self.batch_size_fn else infer_batch_size(batch)
+        samples = self.batch_size_fn(batch) if self.batch_size_fn else _batch_size(batch)
         items = self.items_fn(batch) if self.items_fn else 0
         record = self._clock.batch_end(now, samples, items, self._batch_flops(batch))
         if record is None:
@@ -530,6 +532,14 @@ def _check_args(
         raise TypeError(f"`gpu_stats` must be a bool, got {gpu_stats!r}")
     if not isinstance(prefix, str):
         raise TypeError(f"`prefix` must be a str, got {prefix!r}")
+
+
+def _batch_size(batch: Any) -> int:
+    # Fast path for the common (inputs, targets) tuple; infer_batch_size handles the rest.
+    first = batch[0] if type(batch) in (tuple, list) and batch else batch
+    if type(first) is torch.Tensor and first.ndim:
+        return int(first.shape[0])
+    return infer_batch_size(batch)
 
 
 def _device_peak_flops(trainer: pl.Trainer) -> float | None:

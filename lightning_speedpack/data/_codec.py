@@ -228,7 +228,7 @@ def _tuplify(descr: Any) -> Any:
 
 def decode(blob: np.ndarray[Any, Any], start: int = 0) -> Any:
     """Rebuild the sample stored at ``blob[start:]``; arrays are copied and own their memory."""
-    (length,) = _LEN.unpack_from(blob.data, start)
+    (length,) = _LEN.unpack_from(blob, start)  # type: ignore[arg-type]
     text = blob[start + _LEN.size : start + _LEN.size + length].tobytes()
     # Samples of one shape share their structure text (offsets are relative), so parsing is
     # memoised; the memo is bounded, so a worker's memory does not grow with samples read.

@@ -342,6 +342,26 @@ class CachedDataset(Dataset[Any]):
             sample = self.transform(sample)
         return sample
 
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A batch of samples (the DataLoader's batched fetch: one call, one counter update)."""
+        arena = self._arena
+        if arena is None:
+            return [self[i] for i in indices]
+        n, get, transform = self._len, arena.get, self.transform
+        out: list[Any] = []
+        hits = 0
+        for index in indices:
+            i = operator.index(index)
+            sample = get(i) if 0 <= i < n else MISSING
+            if sample is MISSING:
+                out.append(self[i])  # misses, negative or invalid indices: the one-sample path
+                continue
+            hits += 1
+            out.append(sample if transform is None else transform(sample))
+        if hits:
+            arena.count(hit=True, n=hits)
+        return out
+
     def cache_info(self) -> CacheInfo:
         """Hits, misses, items, bytes used, capacity, budget state: summed over the node."""
         if self._arena is None or self._arena.closed:

@@ -62,9 +62,14 @@ class DDPSpeedpackStrategy(DDPStrategy):
       identical to ``strategy="ddp"``.
     - ``limit_cpu_threads=True`` (CPU ranks only): each rank sets
       ``torch.set_num_threads(max(1, cores // local_world_size))`` when its environment is set
-      up, so ranks on one machine do not each start one thread per core and fight over them;
-      the previous value is restored at teardown. Trade-off: a rank cannot borrow the cores
-      of an idle neighbour. Skipped when ``OMP_NUM_THREADS`` is set (your choice wins).
+      up (``cores``: the CPUs the process may run on, its affinity set), so ranks on one
+      machine do not each start one thread per core and fight over them; the value it found
+      is restored at teardown. Trade-off: a rank cannot borrow the cores of an idle
+      neighbour. Skipped when ``OMP_NUM_THREADS`` was set when the strategy was built (your
+      or your launcher's choice wins; ``torchrun`` sets it to 1 unless you set it). Note that
+      Lightning 2.x's own launchers already apply the same split when ``OMP_NUM_THREADS`` is
+      unset (and then set it); this strategy makes the policy explicit, independent of the
+      launcher path, and undoes its change at teardown.
 
     Exercised on the CPU only: the CUDA comm-hook path is covered by checking which hook the
     strategy hands to Lightning, not by a GPU run.
@@ -105,6 +110,9 @@ class DDPSpeedpackStrategy(DDPStrategy):
         self.compress_gradients = compress_gradients
         self.limit_cpu_threads = limit_cpu_threads
         self._threads_before: int | None = None
+        # Lightning's launcher sets OMP_NUM_THREADS later, in launch(); only a value that
+        # exists now was chosen by the user or an outside launcher.
+        self._omp_preset = "OMP_NUM_THREADS" in os.environ
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -118,11 +126,7 @@ class DDPSpeedpackStrategy(DDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        if (
-            self.limit_cpu_threads
-            and self.root_device.type == "cpu"
-            and ("OMP_NUM_THREADS" not in os.environ)
-        ):
+        if self.limit_cpu_threads and self.root_device.type == "cpu" and not self._omp_preset:
             threads = cpu_threads_per_rank(available_cpu_cores(), self.num_processes)
             self._threads_before = torch.get_num_threads()
             if threads != self._threads_before:

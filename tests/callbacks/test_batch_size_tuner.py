@@ -404,6 +404,68 @@ def test_ddp_ranks_with_different_limits_agree_on_the_smaller(tmp_path: Path) ->
     assert w0 == pytest.approx(w1)  # DDP replicas still in sync after the trials
 
 
+def _ddp_rank_raises(tmp: str) -> str:
+    import os
+
+    rank = int(os.environ["RANK"])
+
+    class BrokenOnRank1(LimitedModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if rank == 1 and batch.shape[0] > 16:
+                raise KeyError("a real bug on rank 1")
+            return super().training_step(batch, batch_idx)
+
+    trainer = Trainer(
+        callbacks=[BatchSizeTuner(verbose=False)],
+        **quiet_trainer_kwargs(tmp, devices=2, strategy="ddp", max_steps=2, limit_val_batches=1),
+    )
+    try:
+        trainer.fit(BrokenOnRank1())
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_ddp_error_on_one_rank_propagates_without_deadlock(tmp_path: Path) -> None:
+    rank0, rank1 = run_ddp(_ddp_rank_raises, str(tmp_path), timeout=200)
+    assert rank1 == "KeyError: 'a real bug on rank 1'"
+    assert rank0.startswith("BatchSizeTuningError: BatchSizeTuner: 1 other rank(s) raised")
+
+
+class RankLimitedModel(LimitedModel):
+    """Each rank has its own memory limit (``limits[global_rank]``)."""
+
+    def __init__(self, limits: tuple[int, int], out: str) -> None:
+        super().__init__(limit=max(limits), length=1024)
+        self.limits, self.out = limits, out
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.limit = self.limits[self.global_rank]
+        return super().training_step(batch, batch_idx)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        size = self.trainer.train_dataloader.batch_size
+        Path(self.out, f"rank{self.global_rank}").write_text(str(size))
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_ddp_spawn_ranks_agree(tmp_path: Path) -> None:
+    model = RankLimitedModel((90, 300), str(tmp_path))
+    trainer = Trainer(
+        callbacks=[BatchSizeTuner(verbose=False)],
+        **quiet_trainer_kwargs(
+            tmp_path, devices=2, strategy="ddp_spawn", max_steps=1, limit_val_batches=0
+        ),
+    )
+    trainer.fit(model)
+    sizes = [int((tmp_path / f"rank{r}").read_text()) for r in (0, 1)]
+    assert sizes == [_expected(90)] * 2
+
+
 # ---------------------------------------------------------------------- doctor
 
 

@@ -34,8 +34,12 @@ GLOBAL_LOSSES: list[torch.Tensor] = []
 
 
 def _fit(
-    model: LightningModule, tmp_path: Any, detector: LossRetentionDetector | None = None,
-    callbacks: tuple[Callback, ...] = (), max_steps: int = 6, **kwargs: Any,
+    model: LightningModule,
+    tmp_path: Any,
+    detector: LossRetentionDetector | None = None,
+    callbacks: tuple[Callback, ...] = (),
+    max_steps: int = 6,
+    **kwargs: Any,
 ) -> LossRetentionDetector:
     detector = detector or LossRetentionDetector(deep_scan_every_n_steps=2)
     trainer = Trainer(
@@ -60,6 +64,12 @@ def _ours(record: Any) -> int:
 
 def _summary(detector: LossRetentionDetector) -> list[tuple[str, bool]]:
     return [(f.path, f.backpropagated) for f in detector.findings]
+
+
+@pytest.fixture(autouse=True)
+def _scan_as_scheduled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests ask for heap scans at exact batches; the 1% wall-time budget has its own test.
+    monkeypatch.setattr(LossRetentionDetector, "_scan_budget", None)
 
 
 @pytest.fixture
@@ -220,8 +230,9 @@ def test_global_of_another_module_is_found_by_the_heap_scan(
             store.STORE.append(out["loss"])
             return out
 
-    detector = _fit_warns(Leaky(), tmp_path, detector=LossRetentionDetector(
-        deep_scan_every_n_steps=3))
+    detector = _fit_warns(
+        Leaky(), tmp_path, detector=LossRetentionDetector(deep_scan_every_n_steps=3)
+    )
     assert _summary(detector) == [("leak_store.STORE", True)]
     (finding,) = detector.findings
     assert finding.step_first_seen == 3  # the first heap scan
@@ -229,7 +240,9 @@ def test_global_of_another_module_is_found_by_the_heap_scan(
 
 
 def test_closure_is_named(tmp_path: Path, tmp_module: Callable[..., Any]) -> None:
-    recorder = tmp_module("leak_closure", """
+    recorder = tmp_module(
+        "leak_closure",
+        """
         def make_recorder():
             history = []
             def record(loss):
@@ -237,7 +250,8 @@ def test_closure_is_named(tmp_path: Path, tmp_module: Callable[..., Any]) -> Non
             return record
 
         record = make_recorder()
-    """)
+    """,
+    )
 
     class Leaky(BoringModel):
         def training_step(self, batch: Any, batch_idx: int) -> Any:
@@ -271,8 +285,9 @@ def test_closure_held_by_the_model_is_named_by_the_walk(tmp_path: Path) -> None:
             self.record(out["loss"])
             return out
 
-    detector = _fit_warns(Leaky(), tmp_path, detector=LossRetentionDetector(
-        deep_scan_every_n_steps=0))
+    detector = _fit_warns(
+        Leaky(), tmp_path, detector=LossRetentionDetector(deep_scan_every_n_steps=0)
+    )
     assert _summary(detector) == [("model.record.<closure>.seen", True)]
 
 
@@ -298,8 +313,9 @@ def test_graph_kept_by_another_callback_is_named(tmp_path: Path) -> None:
         def __init__(self) -> None:
             self.seen: list[torch.Tensor] = []
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             self.seen.append(outputs["aux"])
 
     with pytest.warns(RetainedGraphWarning) as record:
@@ -423,8 +439,7 @@ def test_detector_never_extends_a_tensors_lifetime(tmp_path: Path) -> None:
 
     model = Watched()
     with pytest.warns(RetainedGraphWarning, match="aux"):
-        detector = _fit(model, tmp_path, detector=LossRetentionDetector(
-            deep_scan_every_n_steps=1))
+        detector = _fit(model, tmp_path, detector=LossRetentionDetector(deep_scan_every_n_steps=1))
     gc.collect()
     assert model.alive_at_end == [0] * 6
     assert all(r() is None for r in model.loss_refs + model.aux_refs)
@@ -443,10 +458,34 @@ def test_arguments_are_validated() -> None:
 
 
 def test_check_every_n_steps_still_finds_the_leak(tmp_path: Path) -> None:
-    detector = _fit_warns(ListLeak(), tmp_path, detector=LossRetentionDetector(
-        check_every_n_steps=3, deep_scan_every_n_steps=0))
+    detector = _fit_warns(
+        ListLeak(),
+        tmp_path,
+        detector=LossRetentionDetector(check_every_n_steps=3, deep_scan_every_n_steps=0),
+    )
     assert _summary(detector) == [("model.losses", True)]
     assert detector.findings[0].step_first_seen == 3
+
+
+def test_heap_scans_keep_to_their_time_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(LossRetentionDetector, "_scan_budget", 1e-6)
+    detector = _fit(
+        BoringModel(),
+        tmp_path,
+        detector=LossRetentionDetector(deep_scan_every_n_steps=1),
+        max_steps=6,
+    )
+    assert detector._scans == 2  # the first scheduled scan, then only the one at the end
+    monkeypatch.setattr(LossRetentionDetector, "_scan_budget", None)
+    detector = _fit(
+        BoringModel(),
+        tmp_path,
+        detector=LossRetentionDetector(deep_scan_every_n_steps=1),
+        max_steps=6,
+    )
+    assert detector._scans == 5  # batches 1..5 (the end adds none: batch 5 was scanned)
 
 
 def test_memory_growth_triggers_a_heap_scan(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -470,8 +509,11 @@ def test_pickles_after_a_leaky_fit(tmp_path: Path) -> None:
 
 def test_docstring_example_runs() -> None:
     finder = doctest.DocTestFinder()
-    tests = finder.find(loss_retention.LossRetentionDetector, "LossRetentionDetector",
-                        globs={"LossRetentionDetector": LossRetentionDetector})
+    tests = finder.find(
+        loss_retention.LossRetentionDetector,
+        "LossRetentionDetector",
+        globs={"LossRetentionDetector": LossRetentionDetector},
+    )
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -487,8 +529,10 @@ def _ddp_leak(tmp: str) -> list[tuple[str, int, bool]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         detector = LossRetentionDetector(deep_scan_every_n_steps=2)
-        trainer = Trainer(callbacks=[detector], **quiet_trainer_kwargs(
-            tmp, devices=2, strategy="ddp", max_steps=4))
+        trainer = Trainer(
+            callbacks=[detector],
+            **quiet_trainer_kwargs(tmp, devices=2, strategy="ddp", max_steps=4),
+        )
         trainer.fit(ListLeak())
     return [(f.path, f.count, f.backpropagated) for f in detector.findings]
 
@@ -511,7 +555,9 @@ def test_registered_with_the_doctor() -> None:
 
 def test_doctor_report_has_a_retention_section(tmp_path: Path) -> None:
     script = tmp_path / "my_script.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent(
+            f"""
         import torch
         from pytorch_lightning import Trainer
         from pytorch_lightning.demos.boring_classes import BoringModel
@@ -527,9 +573,11 @@ def test_doctor_report_has_a_retention_section(tmp_path: Path) -> None:
         if __name__ == "__main__":
             trainer = Trainer(accelerator="cpu", devices=1, max_steps=5, logger=False,
                               enable_checkpointing=False, enable_progress_bar=False,
-                              enable_model_summary=False, default_root_dir=%r)
+                              enable_model_summary=False, default_root_dir={str(tmp_path)!r})
             trainer.fit(Model())
-    """ % str(tmp_path)))
+    """
+        )
+    )
     with pytest.warns(RetainedGraphWarning, match="my_script.GLOBAL_LOSSES"):
         result = run_script(script)
     assert result.exit_code == 0
@@ -540,8 +588,37 @@ def test_doctor_report_has_a_retention_section(tmp_path: Path) -> None:
     assert finding.id == "retained-graph"
     assert finding.severity == "warning"
     assert finding.figures == {
-        "count": 4, "est_bytes": finding.figures["est_bytes"], "backpropagated": True,
+        "count": 4,
+        "est_bytes": finding.figures["est_bytes"],
+        "backpropagated": True,
         "step_first_seen": 1,
     }
     assert ".detach()" in (finding.fix or "")
     assert result.report.runs[0].figures["retained_graphs"] == 4
+
+
+def test_holder_past_max_depth_is_named_by_the_heap_scan(tmp_path: Path) -> None:
+    detector = _fit_warns(
+        ListLeak(), tmp_path, detector=LossRetentionDetector(max_depth=1, deep_scan_every_n_steps=2)
+    )
+    assert _summary(detector) == [("model.losses", True)]
+    assert detector.findings[0].count >= 2
+
+
+def test_returned_tensor_that_outlives_its_step_triggers_a_heap_scan(
+    tmp_path: Path, tmp_module: Callable[..., Any]
+) -> None:
+    store = tmp_module("leak_outputs", "KEPT = []\n")
+
+    class Keeper(Callback):
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            store.KEPT.append(outputs["aux"])
+
+    detector = LossRetentionDetector(deep_scan_every_n_steps=0)  # only the trigger scans
+    with pytest.warns(RetainedGraphWarning) as record:
+        _fit(ExtraKey(in_loss=False), tmp_path, detector=detector, callbacks=(Keeper(),))
+    assert _summary(detector) == [('training_step()["aux"]', False), ("leak_outputs.KEPT", False)]
+    assert detector.findings[1].step_first_seen == 1
+    assert _ours(record) == 2

@@ -115,6 +115,8 @@ def test_arguments_are_validated_at_construction() -> None:
         SpeedAdvisor(apply=("cudnn_benchmark", "amp"))
     with pytest.raises(TypeError, match=r"write apply=\('channels_last',\)"):
         SpeedAdvisor(apply="channels_last")
+    with pytest.raises(TypeError, match="`apply` must be a sequence of fix names, got 5"):
+        SpeedAdvisor(apply=5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`data_wait_threshold` must be in \[0, 1\), got 1.5"):
         SpeedAdvisor(data_wait_threshold=1.5)
     with pytest.raises(ValueError, match=r"measure_steps.*; .*data_wait_threshold"):

@@ -20,8 +20,9 @@ FP = bytes(range(32))
 OTHER_FP = bytes(32)
 
 
-def open_arena(path: Path, n: int = 8, capacity: int = 1 << 20, kind: Any = "shared",
-               fp: bytes = FP) -> Arena:
+def open_arena(
+    path: Path, n: int = 8, capacity: int = 1 << 20, kind: Any = "shared", fp: bytes = FP
+) -> Arena:
     return Arena.open(str(path), fingerprint=fp, n_slots=n, capacity=capacity, kind=kind)
 
 
@@ -36,13 +37,15 @@ def test_put_then_get_round_trips_and_counts(tmp_path: Path) -> None:
     assert arena.put(3, encode(sample(3), 3)) == "stored"
     assert arena.put(3, encode(sample(3), 3)) == "skipped"  # already READY
     t, i = arena.get(3)
-    assert torch.equal(t, sample(3)[0]) and i == 3
+    assert torch.equal(t, sample(3)[0])
+    assert i == 3
     arena.count(hit=True)
     arena.count(hit=False)
     arena.count(hit=False)
     stats = arena.stats()
     assert (stats["hits"], stats["misses"], stats["items"]) == (1, 2, 1)
-    assert stats["bytes_used"] % 64 == 0 and 0 < stats["bytes_used"] <= 1024
+    assert stats["bytes_used"] % 64 == 0
+    assert 0 < stats["bytes_used"] <= 1024
     arena.close()
     assert not (tmp_path / "a").exists()  # last owner of a shared file unlinks it
 
@@ -75,13 +78,15 @@ def test_writer_killed_mid_write_leaves_slot_unfilled_then_reclaimed(tmp_path: P
     proc.start()
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL
-    assert arena._slots[5, 0] == WRITING and not process_alive(int(arena._slots[5, 1]))
+    assert arena._slots[5, 0] == WRITING
+    assert not process_alive(int(arena._slots[5, 1]))
     assert arena.get(5) is MISSING  # not published, never a torn sample
     used = arena.stats()["bytes_used"]
     assert arena.put(5, encode(sample(5), 5)) == "stored"
     assert arena.stats()["bytes_used"] == used  # the dead writer's space was reused
     t, i = arena.get(5)
-    assert torch.equal(t, sample(5)[0]) and i == 5
+    assert torch.equal(t, sample(5)[0])
+    assert i == 5
     arena.close()
 
 
@@ -106,8 +111,9 @@ def test_racing_processes_publish_each_index_exactly_once(tmp_path: Path) -> Non
     arena = open_arena(tmp_path / "a", n=n)
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(3), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(str(tmp_path / "a"), n, barrier, results))
-             for _ in range(3)]
+    procs = [
+        ctx.Process(target=_race, args=(str(tmp_path / "a"), n, barrier, results)) for _ in range(3)
+    ]
     for p in procs:
         p.start()
     stored = [results.get(timeout=60) for _ in procs]
@@ -118,7 +124,8 @@ def test_racing_processes_publish_each_index_exactly_once(tmp_path: Path) -> Non
     assert (arena._slots[:, 0] == READY).all()
     for i in range(n):
         t, j = arena.get(i)
-        assert torch.equal(t, sample(i)[0]) and j == i
+        assert torch.equal(t, sample(i)[0])
+        assert j == i
     assert arena.stats()["bytes_used"] == sum(encode(sample(i)).nbytes for i in range(n))
     arena.close()
 
@@ -147,10 +154,12 @@ def test_budget_exhaustion_is_reported_once(tmp_path: Path) -> None:
     arena = open_arena(tmp_path / "a", capacity=1024)
     results = [arena.put(i, encode(sample(i), i)) for i in range(8)]
     first = results.index("budget_exhausted_now")
-    assert results[:first] == ["stored"] * first and first >= 1
+    assert results[:first] == ["stored"] * first
+    assert first >= 1
     assert results[first + 1 :] == ["budget_exhausted"] * (7 - first)
     stats = arena.stats()
-    assert stats["budget_exhausted"] == 1 and stats["bytes_used"] <= 1024
+    assert stats["budget_exhausted"] == 1
+    assert stats["bytes_used"] <= 1024
     arena.close()
 
 
@@ -159,7 +168,8 @@ def test_second_owner_attaches_and_last_owner_unlinks(tmp_path: Path) -> None:
     first = open_arena(path)
     first.put(0, encode(sample(0), 0))
     second = open_arena(path)
-    assert not second.created and second.is_ready(0)
+    assert not second.created
+    assert second.is_ready(0)
     first.close()
     assert path.exists()  # the second owner still uses it
     second.close()
@@ -180,7 +190,8 @@ def test_stale_file_of_a_killed_run_is_replaced_not_reused(tmp_path: Path) -> No
     assert path.exists()  # the killed run could not clean up
     stale_inode = path.stat().st_ino
     arena = open_arena(path)
-    assert arena.created and not arena.is_ready(0)
+    assert arena.created
+    assert not arena.is_ready(0)
     assert path.stat().st_ino != stale_inode
     arena.close()
     assert not path.exists()
@@ -195,11 +206,13 @@ def test_disk_file_is_reused_when_fingerprint_matches_and_rebuilt_otherwise(tmp_
     arena.close()
     assert path.exists()  # disk storage survives its owners
     again = open_arena(path, kind="disk")
-    assert not again.created and again.is_ready(1)
+    assert not again.created
+    assert again.is_ready(1)
     assert again.stats()["misses"] == 0  # a new run counts from zero
     again.close()
     other = open_arena(path, kind="disk", fp=OTHER_FP)
-    assert other.created and not other.is_ready(1)
+    assert other.created
+    assert not other.is_ready(1)
     other.close()
     resized = open_arena(path, n=9, kind="disk", fp=OTHER_FP)
     assert resized.created
@@ -222,3 +235,25 @@ def test_process_alive() -> None:
     assert process_alive(os.getpid())
     assert not process_alive(0)
     assert not process_alive(os.getpid(), start=1)  # same pid, other start time: pid reused
+
+
+def test_threads_of_one_process_publish_each_index_once(tmp_path: Path) -> None:
+    import threading
+
+    n = 100
+    arena = open_arena(tmp_path / "a", n=n)
+    stored: list[int] = []
+    start = threading.Barrier(4)
+
+    def work() -> None:
+        start.wait()
+        stored.extend(i for i in range(n) if arena.put(i, encode(sample(i), i)) == "stored")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(stored) == list(range(n))
+    assert arena.stats()["bytes_used"] == sum(encode(sample(i)).nbytes for i in range(n))
+    arena.close()

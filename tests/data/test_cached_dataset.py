@@ -78,7 +78,7 @@ def collate_identity(batch: Any) -> Any:
 def test_cached_samples_equal_uncached_exactly() -> None:
     base = Decoded()
     with CachedDataset(base, max_bytes=1 << 20) as cached:
-        for epoch in range(2):
+        for _epoch in range(2):
             for i in range(len(base)):
                 assert_same(cached[i], base[i])
             assert cached.cache_info().misses == len(base)
@@ -115,8 +115,13 @@ def test_epoch_two_is_all_hits_with_workers(context: str, persistent: bool) -> N
     base = Decoded(24)
     with CachedDataset(base, max_bytes=1 << 20) as cached:
         loader = DataLoader(
-            cached, batch_size=4, num_workers=2, collate_fn=collate_identity,
-            multiprocessing_context=context, persistent_workers=persistent, shuffle=True,
+            cached,
+            batch_size=4,
+            num_workers=2,
+            collate_fn=collate_identity,
+            multiprocessing_context=context,
+            persistent_workers=persistent,
+            shuffle=True,
         )
         for _ in loader:
             pass
@@ -136,14 +141,16 @@ def test_budget_reached_passes_samples_through_with_one_warning() -> None:
     base = Decoded(24)
     with CachedDataset(base, max_bytes=2048) as cached:
         with pytest.warns(CacheBudgetWarning, match="reached its budget") as record:
-            for _ in range(2):
-                for i in range(24):
-                    assert_same(cached[i], base[i])
+            samples = [cached[i] for _ in range(2) for i in range(24)]
+        for k, got in enumerate(samples):
+            assert_same(got, base[k % 24])
         info = cached.cache_info()
     assert len(record) == 1
-    assert info.budget_exhausted and 0 < info.items < 24
+    assert info.budget_exhausted
+    assert 0 < info.items < 24
     assert info.bytes_used <= 2048
-    assert info.hits == info.items and info.misses == 48 - info.items
+    assert info.hits == info.items
+    assert info.misses == 48 - info.items
 
 
 def test_disk_storage_is_reused_and_invalidated(tmp_path: Path) -> None:
@@ -153,7 +160,8 @@ def test_disk_storage_is_reused_and_invalidated(tmp_path: Path) -> None:
     with CachedDataset(Decoded(10, str(log)), storage="disk", path=path, max_bytes=1 << 20) as c:
         assert [c[i]["label"] for i in range(10)] == [i % 3 for i in range(10)]
     assert path.exists()
-    with CachedDataset(Decoded(10, str(log)), storage="disk", path=str(path), max_bytes=1 << 20) as c:
+    kwargs: dict[str, Any] = {"storage": "disk", "max_bytes": 1 << 20}
+    with CachedDataset(Decoded(10, str(log)), path=str(path), **kwargs) as c:
         assert c.cache_info().items == 10  # reused: filled by the previous run
         for i in range(10):
             assert_same(c[i], Decoded(10)[i])
@@ -170,7 +178,8 @@ def test_datasets_that_differ_only_in_their_data_get_separate_caches() -> None:
     b = TensorDataset(torch.ones(4, 2))
     with CachedDataset(a, max_bytes=1 << 16) as ca, CachedDataset(b, max_bytes=1 << 16) as cb:
         assert ca.cache_path != cb.cache_path
-        assert ca[0][0].sum() == 0 and cb[0][0].sum() == 2
+        assert ca[0][0].sum() == 0
+        assert cb[0][0].sum() == 2
 
 
 def test_pickled_copy_shares_the_arena() -> None:
@@ -204,7 +213,9 @@ def test_iterable_dataset_is_refused_with_advice() -> None:
         def __iter__(self) -> Any:
             return iter(range(3))
 
-    with pytest.raises(TypeError, match="needs a map-style dataset, got the IterableDataset .*Stream"):
+    with pytest.raises(
+        TypeError, match=r"needs a map-style dataset, got the IterableDataset .*Stream"
+    ):
         CachedDataset(Stream())
 
 
@@ -230,9 +241,7 @@ def test_arguments_are_validated(kwargs: dict[str, Any], error: type, match: str
 
 def test_small_dev_shm_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     usage = cd_module.shutil.disk_usage("/dev/shm")
-    monkeypatch.setattr(
-        cd_module.shutil, "disk_usage", lambda p: usage._replace(free=64_000_000)
-    )
+    monkeypatch.setattr(cd_module.shutil, "disk_usage", lambda p: usage._replace(free=64_000_000))
     with pytest.raises(RuntimeError, match=r"only 61\.0 MiB free in /dev/shm.*--shm-size"):
         CachedDataset(Decoded(3))
 
@@ -246,7 +255,9 @@ def test_default_budget_is_a_fraction_of_free_shm_and_ram() -> None:
     assert 0 < capacity <= limit * 0.5 * 1.05
 
 
-def test_job_id_is_shared_by_ranks_and_differs_between_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_job_id_is_shared_by_ranks_and_differs_between_jobs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     assert job_id() == f"pid{os.getpid()}"  # single process, or rank 0 before the launch
@@ -265,29 +276,39 @@ def test_job_id_is_shared_by_ranks_and_differs_between_jobs(monkeypatch: pytest.
 
 def test_lightning_launched_rank_finds_the_cache_its_parent_made(tmp_path: Path) -> None:
     """Rank 0 builds the dataset before Trainer.fit sets MASTER_PORT; the re-run rank finds it."""
+    key = f"launched-{os.getpid()}-{time.monotonic_ns()}"  # first instance of it in both
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from tests.data.test_cached_dataset import Decoded
         from lightning_speedpack.data.cached_dataset import CachedDataset
-        c = CachedDataset(Decoded(6), max_bytes=1 << 20)
+        c = CachedDataset(Decoded(6), max_bytes=1 << 20, key={key!r})
         print(c.cache_path, c.cache_info().items)
         c.close()
-    """))
-    with CachedDataset(Decoded(6), max_bytes=1 << 20) as parent:
+    """)
+    )
+    with CachedDataset(Decoded(6), max_bytes=1 << 20, key=key) as parent:
         parent[0]
         parent[1]
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "LOCAL_RANK": "1"}
-        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                             text=True, timeout=120, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout.split()
         assert out == [parent.cache_path, "2"]
         assert os.path.exists(str(parent.cache_path))
 
 
 def test_docstring_example_runs() -> None:
     results = doctest.testmod(cd_module, optionflags=doctest.ELLIPSIS)
-    assert results.attempted > 0 and results.failed == 0
+    assert results.attempted > 0
+    assert results.failed == 0
 
 
 # ----------------------------------------------------------------------- clean-up in /dev/shm
@@ -335,8 +356,12 @@ else:
 def test_no_leftovers_in_dev_shm(tmp_path: Path, mode: str) -> None:
     script = tmp_path / "run.py"
     script.write_text(SCRIPT.format(repo=str(REPO)))
-    proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     path = proc.stdout.readline().strip()
     assert path.startswith("/dev/shm/speedpack-")
@@ -348,7 +373,8 @@ def test_no_leftovers_in_dev_shm(tmp_path: Path, mode: str) -> None:
     expected = {"success": 0, "worker-killed": 0, "exception": 1, "interrupt": -signal.SIGINT}
     assert proc.returncode == expected[mode], err
     if mode == "worker-killed":
-        assert "worker died" in out and "items 12" in out
+        assert "worker died" in out
+        assert "items 12" in out
     if mode == "exception":
         assert "ValueError: boom" in err
     if mode == "interrupt":
@@ -387,8 +413,14 @@ def _ddp_rank(tmp: str, log: str) -> tuple[int, str, CacheInfo]:
 
     cached = CachedDataset(Decoded(32, log), max_bytes=1 << 20)
     trainer = Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=3, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         default_root_dir=tmp,
     )
     trainer.fit(CacheReader(cached))
@@ -412,3 +444,14 @@ def test_two_ddp_ranks_fill_each_index_once_for_the_node(tmp_path: Path) -> None
     for info in (info0, info1):
         assert (info.items, info.misses, info.hits) == (32, 32, 64)  # node-wide counts
     assert not os.path.exists(path0)
+
+
+def test_batched_fetch_matches_single_fetch_and_counts() -> None:
+    base = Decoded(10)
+    with CachedDataset(base, transform=lambda s: s["label"], max_bytes=1 << 20) as cached:
+        assert cached.__getitems__([3, 1, 3]) == [0, 1, 0]  # miss, miss, hit
+        assert cached.__getitems__([1, 3, -1, np.int64(2)]) == [1, 0, 0, 2]
+        info = cached.cache_info()
+        with pytest.raises(IndexError):
+            cached.__getitems__([10])
+    assert (info.hits, info.misses, info.items) == (3, 4, 4)

@@ -17,17 +17,23 @@ def assert_same(a: Any, b: Any) -> None:
     """Exact equality, including types, dtypes, shapes and float bit patterns."""
     assert type(a) is type(b), (type(a), type(b))
     if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.requires_grad == b.requires_grad
-        assert torch.equal(a.detach().reshape(-1).view(torch.uint8) if a.numel() else a,
-                           b.detach().reshape(-1).view(torch.uint8) if b.numel() else b)
+        assert a.dtype == b.dtype
+        assert a.shape == b.shape
+        assert a.requires_grad == b.requires_grad
+        assert torch.equal(
+            a.detach().reshape(-1).view(torch.uint8) if a.numel() else a,
+            b.detach().reshape(-1).view(torch.uint8) if b.numel() else b,
+        )
     elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.dtype == b.dtype
+        assert a.shape == b.shape
         assert a.tobytes() == b.tobytes()
     elif isinstance(a, np.generic):
-        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+        assert a.dtype == b.dtype
+        assert a.tobytes() == b.tobytes()
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same(x, y)
     elif isinstance(a, dict):
         assert list(a) == list(b)
@@ -42,8 +48,18 @@ def assert_same(a: Any, b: Any) -> None:
 
 
 ALL_TORCH_DTYPES = [
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-    torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128, torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.bool,
 ]
 
 
@@ -68,7 +84,8 @@ def test_tensors_of_every_dtype_round_trip(dtype: torch.dtype) -> None:
 )
 def test_tensor_layouts_round_trip(tensor: torch.Tensor) -> None:
     out = loads(dumps(tensor))
-    assert out.dtype == tensor.dtype and out.shape == tensor.shape
+    assert out.dtype == tensor.dtype
+    assert out.shape == tensor.shape
     assert torch.equal(out.detach(), tensor.detach().resolve_conj())
     assert out.requires_grad == tensor.requires_grad
 
@@ -108,12 +125,14 @@ def test_decoded_sample_owns_its_memory() -> None:
     t += 1
     a += 1
     t2, a2 = decode(blob)
-    assert t2.sum() == 0 and a2.sum() == 0
-    assert a.flags.writeable and a.flags.owndata or a.base is not None
+    assert t2.sum() == 0
+    assert a2.sum() == 0
+    assert (a.flags.writeable and a.flags.owndata) or a.base is not None
 
 
 def test_arrays_start_on_aligned_offsets() -> None:
-    encoded = encode(("x" * 13, torch.ones(3, dtype=torch.uint8), torch.ones(5, dtype=torch.float64)))
+    sample = ("x" * 13, torch.ones(3, dtype=torch.uint8), torch.ones(5, dtype=torch.float64))
+    encoded = encode(sample)
     assert [off % ALIGN for off, _ in encoded.arrays] == [0, 0]
     assert encoded.nbytes % ALIGN == 0
 
