@@ -27,6 +27,7 @@ Several nodes, SLURM (one task per device; Lightning reads the SLURM environment
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -125,9 +126,7 @@ def main() -> None:
         "rank": trainer.global_rank,
         "world_size": trainer.world_size,
         "strategy": type(trainer.strategy).__name__,
-        "cache": dataset.cache_info()._asdict()
-        if hasattr(dataset.cache_info(), "_asdict")
-        else vars(dataset.cache_info()),
+        "cache": dataclasses.asdict(dataset.cache_info()),
         "callbacks": {
             type(cb).__name__: {
                 "figures": cb.doctor_figures(),  # type: ignore[attr-defined]

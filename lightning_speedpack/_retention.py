@@ -41,6 +41,7 @@ __all__ = [
     "AttrRoot",
     "GraphInfo",
     "HolderPath",
+    "ModuleCache",
     "container_globals",
     "graph_step",
     "heap_graph_tensors",
@@ -108,8 +109,8 @@ def tag_graph(
     run: int = 0,
     *,
     backward: bool = False,
-    depth: int = 2,
-    max_nodes: int = 16,
+    depth: int = 1,
+    max_nodes: int = 4,
 ) -> None:
     """Tag ``tensor``'s graph root and its nearest nodes with ``(run, step)`` (earliest wins).
 
@@ -264,14 +265,33 @@ def _classify(cls: type) -> int:
     return _PLAIN
 
 
-def _module_children(module: nn.Module, user_defined: bool) -> Iterator[tuple[str, Any]]:
-    if user_defined:
-        for key, value in list(vars(module).items()):
-            if not key.startswith("_"):
-                yield f".{key}", value
-    for key, child in list(module._modules.items()):
+ModuleCache = dict[int, tuple[tuple[str, ...], tuple[str, ...]]]
+"""``id(module) -> (attribute names to read, submodule names to enter)``; names, never objects."""
+
+
+def _module_children(
+    module: nn.Module, user_defined: bool, cache: ModuleCache | None
+) -> Iterator[tuple[str, Any]]:
+    names = None if cache is None else cache.get(id(module))
+    if names is None:
+        attrs = tuple(k for k in vars(module) if not k.startswith("_")) if user_defined else ()
         # a torch layer without submodules holds nothing but parameters and buffers
-        if child is not None and (child._modules or _kind(type(child)) == _USER_MODULE):
+        subs = tuple(
+            k
+            for k, child in module._modules.items()
+            if child is not None and (child._modules or _kind(type(child)) == _USER_MODULE)
+        )
+        names = (attrs, subs)
+        if cache is not None:
+            cache[id(module)] = names
+    space = vars(module)
+    for key in names[0]:
+        if key in space:
+            yield f".{key}", space[key]
+    submodules = module._modules
+    for key in names[1]:
+        child = submodules.get(key)
+        if child is not None:
             yield f".{key}", child
 
 
@@ -284,7 +304,7 @@ def _function_cells(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def _children(obj: Any, kind: int) -> Iterator[tuple[str, Any]]:
+def _children(obj: Any, kind: int, cache: ModuleCache | None) -> Iterator[tuple[str, Any]]:
     if kind == _SEQ:
         yield from ((f"[{i}]", v) for i, v in _capped_items(obj, len(obj)))
     elif kind == _ATTRS:
@@ -292,7 +312,7 @@ def _children(obj: Any, kind: int) -> Iterator[tuple[str, Any]]:
     elif kind == _MAP:
         yield from ((_subscript(k), v) for k, v in _dict_items(obj))
     elif kind in (_USER_MODULE, _TORCH_MODULE):
-        yield from _module_children(obj, kind == _USER_MODULE)
+        yield from _module_children(obj, kind == _USER_MODULE, cache)
     elif kind == _FUNC:
         yield from _function_cells(obj)
     elif kind == _SET:
@@ -309,6 +329,7 @@ def walk_containers(
     roots: Iterable[tuple[str, Any]],
     max_depth: int = 4,
     skip: Iterable[object] = (),
+    module_cache: ModuleCache | None = None,
 ) -> Iterator[tuple[str, Tensor]]:
     """Yield ``(path, tensor)`` for every tensor with a ``grad_fn`` reachable from ``roots``.
 
@@ -323,6 +344,9 @@ def walk_containers(
         roots: named starting objects.
         max_depth: how many container levels to descend.
         skip: objects never entered (the trainer, the detector itself).
+        module_cache: remembers, per module, which attributes and submodules to look at, so
+            that a walk every step does not re-read every module's ``__dict__``; the caller
+            clears it now and then to see new attributes.
     """
     seen: set[int] = {id(o) for o in skip}
     stack: list[tuple[str, Any, int]] = [(p, o, 1) for p, o in reversed(list(roots))]
@@ -339,7 +363,7 @@ def walk_containers(
         try:
             children = [
                 (path + label, child, depth + 1)
-                for label, child in _children(obj, kind)
+                for label, child in _children(obj, kind, module_cache)
                 if _kind(type(child)) != _SKIP
             ]
         except Exception:  # a container that cannot be iterated safely is skipped

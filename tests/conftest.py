@@ -24,8 +24,16 @@ class OfflineWandb:
 
         return find_runs(self.dir)
 
-    def only_run(self):  # type: ignore[no-untyped-def]
-        runs = self.runs()
+    def only_run(self, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+        """The single run, re-read until its summary is flushed (wandb writes asynchronously)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = self.runs()
+            if (len(runs) == 1 and runs[0].summary) or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
         assert len(runs) == 1, f"expected one W&B run under {self.dir}, found {len(runs)}"
         return runs[0]
 

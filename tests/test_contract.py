@@ -37,11 +37,12 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _fit(callback: Callback, tmp_path: Path, **kwargs: Any) -> Trainer:
+    ckpt_path = kwargs.pop("ckpt_path", None)
     trainer = Trainer(
         callbacks=[callback, *kwargs.pop("extra_callbacks", [])],
         **quiet_trainer_kwargs(tmp_path, max_steps=kwargs.pop("max_steps", 4), **kwargs),
     )
-    trainer.fit(SizedBoringModel(), ckpt_path=kwargs.get("ckpt_path"))
+    trainer.fit(SizedBoringModel(), ckpt_path=ckpt_path)
     return trainer
 
 
@@ -84,7 +85,20 @@ def test_checkpoint_save_and_restore(cls: type[Callback], tmp_path: Path) -> Non
     if state:
         assert _same(saved["callbacks"][callback.state_key], state)
     resumed = cls()
-    _fit(resumed, tmp_path, max_steps=6, ckpt_path=ckpt.last_model_path)
+    restored: list[dict[str, Any]] = []
+    load = resumed.load_state_dict
+    resumed.load_state_dict = lambda sd: (restored.append(sd), load(sd))[1]  # type: ignore[method-assign]
+    _fit(
+        resumed,
+        tmp_path,
+        max_steps=6,
+        ckpt_path=ckpt.last_model_path,
+        extra_callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+        enable_checkpointing=True,
+    )
+    if state:  # the resumed run started from exactly what was saved
+        assert len(restored) == 1
+        assert _same(restored[0], state)
 
 
 @pytest.mark.parametrize("cls", EXPORTED_CALLBACKS, ids=lambda c: c.__name__)

@@ -75,8 +75,10 @@ class BatchSizeTuner(Callback):
     trials) and the torch, numpy and Python RNG states. Only the batch size changes -- on the
     LightningModule, its ``hparams`` and/or the datamodule, wherever Lightning's
     ``lightning_setattr`` finds ``attr_name`` -- so Lightning builds the dataloaders with it.
-    ``scale_lr=True`` also multiplies every param group's learning rate (and the schedulers'
-    base learning rates) by ``chosen / original``.
+    A dataset smaller than a candidate (per rank: its length over the world size) caps the search
+    at that length rounded down to ``multiple_of``. ``scale_lr=True`` also multiplies every
+    param group's learning rate (and the schedulers' base learning rates) by
+    ``chosen / original``.
 
     After tuning, :attr:`batch_size` is the chosen size, :attr:`trials` the list of
     ``(batch_size, fits, samples_per_sec)``, a table is printed on rank 0, and every logger gets
@@ -313,6 +315,8 @@ class BatchSizeTuner(Callback):
         final = original
         try:
             cap = _dataset_length(source.train_dataloader())
+            if cap is not None:  # each rank trains on its shard of the dataset
+                cap //= trainer.world_size
             try:
                 search = SizeSearch(self.init_val, self.max_val, self.multiple_of, self.margin, cap)
             except ValueError as err:
@@ -542,7 +546,7 @@ class _TrialRunner:
             raise error
         if n_failed:
             raise BatchSizeTuningError(
-                f"BatchSizeTuner: {n_failed} other rank(s) raised an error during a trial; "
+                f"BatchSizeTuner: {round(n_failed)} other rank(s) raised an error during a trial; "
                 "see their traceback"
             )
         agreed = round(n_fit) == world

@@ -31,8 +31,9 @@ __all__ = [
 _SAMPLED_GRAPHS = 8  # graphs per holder whose saved tensors are weighed
 _NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per level)
 _EXTRA_PATH = "training_step()"
+_SCAN_SECONDS_PER_BLOCK = 2e-7  # a heap scan's cost per allocated block (measured on a CPU)
 _TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
-_GLOBALS_REFRESH = 32  # batches between re-reading which module globals are containers
+_GLOBALS_REFRESH = 32  # batches between re-reading which globals and attributes to look at
 
 
 class RetainedGraphError(RuntimeError):
@@ -221,6 +222,7 @@ class LossRetentionDetector(Callback):
         self._scan_done_at = 0.0
         self._global_names: dict[str, tuple[str, ...]] = {}
         self._globals_refresh = 0
+        self._module_cache: retention.ModuleCache = {}
 
     @property
     def findings(self) -> list[RetainedGraph]:
@@ -238,6 +240,12 @@ class LossRetentionDetector(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._reset()
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Before the first heap scan, guess its cost from the allocator's block count (O(1)).
+        self._scan_seconds = sys.getallocatedblocks() * _SCAN_SECONDS_PER_BLOCK
+        self._scan_done_at = time.perf_counter()
 
     @override
     def on_train_batch_start(
@@ -316,6 +324,7 @@ class LossRetentionDetector(Callback):
                 roots.append((type(callback).__name__, callback))
         if self._batch >= self._globals_refresh:  # names only: values are read every time
             self._globals_refresh = self._batch + _GLOBALS_REFRESH
+            self._module_cache.clear()  # see attributes added since
             self._global_names = {
                 name: retention.container_globals(module)
                 for name in {type(pl_module).__module__, *self._learned_modules}
@@ -336,7 +345,7 @@ class LossRetentionDetector(Callback):
     def _check(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, deep: bool
     ) -> None:
-        groups = self._walk(trainer, pl_module, step)
+        groups = self._walk(trainer, pl_module, step, fresh=deep)
         if deep:
             started = time.perf_counter()
             self._last_deep_scan = step
@@ -345,7 +354,7 @@ class LossRetentionDetector(Callback):
             self._scan_done_at = time.perf_counter()
             self._scan_seconds = self._scan_done_at - started
             if named is not None:
-                groups = self._walk(trainer, pl_module, step)  # count what new roots hold
+                groups = self._walk(trainer, pl_module, step, fresh=True)  # new roots, counted
                 for path, ref in named:  # named from the model or a callback, past max_depth
                     refs = groups.setdefault(retention.holder_of(path), [])
                     if all(r is not ref and r() is not ref() for _, r in refs):
@@ -357,11 +366,14 @@ class LossRetentionDetector(Callback):
         self._retained_graphs = len(retained)
 
     def _walk(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, fresh: bool = False
     ) -> dict[str, list[tuple[str, weakref.ref[Tensor]]]]:
         groups: dict[str, list[tuple[str, weakref.ref[Tensor]]]] = {}
         for path, tensor in retention.walk_containers(
-            self._roots(trainer, pl_module), self.max_depth, skip=(trainer, self)
+            self._roots(trainer, pl_module),
+            self.max_depth,
+            skip=(trainer, self),
+            module_cache=None if fresh else self._module_cache,
         ):
             if retention.is_retained(tensor, step, self._run):
                 groups.setdefault(retention.holder_of(path), []).append((path, weakref.ref(tensor)))
@@ -467,7 +479,7 @@ class LossRetentionDetector(Callback):
     def _affordable(self) -> bool:
         # Heap scans cost ~0.1 s per 10^6 live objects; keep them under `_scan_budget` of the
         # wall time since the last one (measured on the host: no device synchronisation).
-        if self._scan_budget is None or self._scans == 0:
+        if self._scan_budget is None:
             return True
         since = time.perf_counter() - self._scan_done_at
         return since * self._scan_budget >= self._scan_seconds

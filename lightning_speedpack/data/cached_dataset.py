@@ -119,7 +119,10 @@ def _fingerprint(dataset: Any, length: int, key: str | int | None) -> bytes:
     kind = type(dataset)
     text = f"{kind.__module__}.{kind.__qualname__}\0{length}\0{key!r}"
     if key is None:
-        text += "\0" + _describe(dataset)
+        try:
+            text += "\0" + _describe(dataset)
+        except Exception:  # an exotic attribute: fall back to class and length only
+            text += "\0?"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 

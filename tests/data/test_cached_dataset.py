@@ -109,15 +109,24 @@ def test_augmentation_still_differs_across_epochs_and_does_not_touch_the_cache()
             assert ((epochs[e][i].int() - clean.int()) % 256 <= 1).all()  # applied to clean data
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["non-persistent", "persistent"])
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_epoch_two_is_all_hits_with_workers(context: str, persistent: bool) -> None:
+@pytest.mark.parametrize(
+    ("context", "persistent", "workers"),
+    [
+        ("fork", False, 2),
+        ("fork", True, 2),
+        # spawn: each worker start re-imports torch and the package, so fewer starts
+        pytest.param("spawn", False, 2, marks=pytest.mark.slow),
+        pytest.param("spawn", True, 1, marks=pytest.mark.slow),
+    ],
+    ids=["fork-non-persistent", "fork-persistent", "spawn-non-persistent", "spawn-persistent"],
+)
+def test_epoch_two_is_all_hits_with_workers(context: str, persistent: bool, workers: int) -> None:
     base = Decoded(24)
     with CachedDataset(base, max_bytes=1 << 20) as cached:
         loader = DataLoader(
             cached,
             batch_size=4,
-            num_workers=2,
+            num_workers=workers,
             collate_fn=collate_identity,
             multiprocessing_context=context,
             persistent_workers=persistent,
@@ -433,6 +442,7 @@ def _ddp_rank(tmp: str, log: str) -> tuple[int, str, CacheInfo]:
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_ddp_ranks_fill_each_index_once_for_the_node(tmp_path: Path) -> None:
     log = tmp_path / "decodes.txt"
