@@ -79,12 +79,16 @@ class RetainedGraph:
     def describe(self) -> str:
         """A one-paragraph message naming the holder, what it keeps, and the fix."""
         if self.path.startswith(_EXTRA_PATH):
+            kept = (
+                "its graph nodes"
+                if self.backpropagated
+                else f"~{_size(self.est_bytes)} of saved activations"
+            )
             return (
                 f"{self.path} returned from training_step still carries a grad_fn "
-                f"({self.example_grad_fn}); Lightning passes extra keys to on_train_batch_end "
-                f"without detaching them, so anything that stores outputs keeps "
-                f"{_size(self.est_bytes)} of saved activations per step. Fix: return "
-                f"`.detach()`ed values."
+                f"({self.example_grad_fn}); Lightning passes the keys other than 'loss' to "
+                f"on_train_batch_end without detaching them, so whatever stores the outputs "
+                f"keeps {kept} per step. Fix: return `.detach()`ed values."
             )
         what = (
             "graph nodes (back-propagated)"
@@ -94,7 +98,7 @@ class RetainedGraph:
         return (
             f"{self.path} holds {self.count} tensor(s) with autograd graphs from earlier steps "
             f"(first found at batch {self.step_first_seen}, e.g. {self.example_path or self.path}: "
-            f"{self.example_grad_fn}): {what}. It grows every step. {self.fix()}"
+            f"{self.example_grad_fn}): {what}; one more per step it keeps. {self.fix()}"
         )
 
     def fix(self) -> str:
@@ -106,11 +110,12 @@ class RetainedGraph:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n = n / 1024  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 class LossRetentionDetector(Callback):
