@@ -194,6 +194,14 @@ def _isa(obj: object, kinds: type | tuple[type, ...]) -> bool:
     return issubclass(type(obj), kinds)
 
 
+def _grad_fn(tensor: Tensor) -> Any:
+    # Exotic tensor subclasses (fake, functional, distributed) may refuse the attribute.
+    try:
+        return tensor.grad_fn
+    except Exception:
+        return None
+
+
 def _is_tensor(obj: object) -> bool:
     return issubclass(type(obj), Tensor)
 
@@ -354,7 +362,7 @@ def walk_containers(
         path, obj, depth = stack.pop()
         kind = _kind(type(obj))
         if kind == _TENSOR:
-            if obj.grad_fn is not None:
+            if _grad_fn(obj) is not None:
                 yield path, obj
             continue
         if kind == _SKIP or depth > max_depth or id(obj) in seen:
@@ -440,7 +448,7 @@ def heap_graph_tensors(exclude: Iterable[object] = ()) -> list[Tensor]:
     excluded = {id(t) for t in exclude}
     found = []
     for obj in gc.get_objects():
-        if issubclass(type(obj), Tensor) and id(obj) not in excluded and obj.grad_fn is not None:
+        if issubclass(type(obj), Tensor) and id(obj) not in excluded and _grad_fn(obj) is not None:
             found.append(obj)
     return found
 
