@@ -77,8 +77,11 @@ class DecisionTimer(Callback):
         self.seconds = time.perf_counter() - self.start
 
 
-def decide(kind: str, limit: int) -> tuple[float, int, int]:
-    """Return (seconds to decide, trial steps, chosen size) for one tuner on a fresh model."""
+def decide(kind: str, limit: int) -> tuple[float, int, str]:
+    """Return (seconds to decide, trial steps, chosen size) for one tuner on a fresh model.
+
+    The chosen size is marked "(OOM)" when the real training step after tuning ran out of memory.
+    """
     timer = DecisionTimer()
     tuner: Callback = (
         BatchSizeTuner(mode="max", steps_per_trial=3, margin=0.05, verbose=False)
@@ -89,14 +92,21 @@ def decide(kind: str, limit: int) -> tuple[float, int, int]:
     trainer = quiet_trainer(callbacks=[timer, tuner], max_steps=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(model)
-    return timer.seconds, model.steps - 1, int(model.batch_size)  # minus the one real step
+        try:
+            trainer.fit(model)
+        except torch.OutOfMemoryError:
+            return timer.seconds, model.steps - 1, f"{model.batch_size} (OOM)"
+    return timer.seconds, model.steps - 1, str(model.batch_size)  # minus the one real step
+
+
+def _multiple_of_8(chosen: str) -> str:
+    return "yes" if int(chosen.split()[0]) % 8 == 0 else "no"
 
 
 def compare_with_lightning(limits: list[int], repeats: int) -> None:
     rows = []
     for limit in limits:
-        results: dict[str, tuple[float, int, int]] = {}
+        results: dict[str, tuple[float, int, str]] = {}
 
         def run(kind: str, limit: int = limit, results: dict[str, Any] = results) -> float:
             results[kind] = decide(kind, limit)
@@ -114,8 +124,8 @@ def compare_with_lightning(limits: list[int], repeats: int) -> None:
                 theirs[1],
                 ours[2],
                 theirs[2],
-                "yes" if ours[2] % 8 == 0 else "no",
-                "yes" if theirs[2] % 8 == 0 else "no",
+                _multiple_of_8(ours[2]),
+                _multiple_of_8(theirs[2]),
                 medians["speedpack"] / medians["lightning"],
             ]
         )

@@ -4,7 +4,8 @@ Step time with vs without the detector (``check_every_n_steps=1``, the default h
 100 steps) on a small CNN and a tiny MLP, alternating variants, medians of repeats. The step
 time is measured from one ``on_train_batch_start`` to the next, so it includes the detector's
 ``on_train_batch_end`` check; "median" is the typical step, "mean" includes the periodic heap
-scans. "self-time ratio" is 1 + the detector's own median time per step (timed inside its
+scans; an empty ``Callback`` in the same rotation shows the noise floor of a shared machine.
+"self-time ratio" is 1 + the detector's own median time per step (timed inside its
 hooks) over the median step without it: the figure the shared machine's load disturbs least.
 Then a model that starts leaking at a known batch shows how many batches later the
 detector found and reported it.
@@ -67,10 +68,10 @@ class SelfTimedDetector(LossRetentionDetector):
         self.self_seconds.append(time.perf_counter() - start + self._pending)
 
 
-def _steps(model_factory: Any, steps: int, detector: bool) -> tuple[float, float, float]:
+def _steps(model_factory: Any, steps: int, variant: str) -> tuple[float, float, float]:
     timer = StepTimer()
-    watcher = SelfTimedDetector() if detector else None
-    callbacks: list[Callback] = [watcher] if watcher is not None else []
+    watcher = SelfTimedDetector() if variant == "on" else None
+    callbacks: list[Callback] = {"on": [watcher], "empty": [Callback()]}.get(variant, [])
     trainer = quiet_trainer(max_steps=steps, max_epochs=-1, callbacks=[*callbacks, timer])
     trainer.fit(model_factory())
     own = statistics.median(watcher.self_seconds) if watcher is not None else 0.0
@@ -78,24 +79,26 @@ def _steps(model_factory: Any, steps: int, detector: bool) -> tuple[float, float
 
 
 def overhead(name: str, model_factory: Any, steps: int, repeats: int) -> list[Any]:
-    samples: dict[str, list[tuple[float, float, float]]] = {"off": [], "on": []}
+    variants = ["off", "on", "empty"]
+    samples: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
     for r in range(repeats):
-        for variant in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            samples[variant].append(_steps(model_factory, steps, variant == "on"))
-    off_med = statistics.median(s[0] for s in samples["off"])
-    on_med = statistics.median(s[0] for s in samples["on"])
-    off_mean = statistics.median(s[1] for s in samples["off"])
-    on_mean = statistics.median(s[1] for s in samples["on"])
-    own = statistics.median(s[2] for s in samples["on"])
+        for variant in variants[r % 3 :] + variants[: r % 3]:
+            samples[variant].append(_steps(model_factory, steps, variant))
+
+    def med(variant: str, i: int) -> float:
+        return statistics.median(s[i] for s in samples[variant])
+
+    off = med("off", 0)
     return [
         name,
         steps,
-        off_med * 1e3,
-        on_med * 1e3,
-        on_med / off_med,
-        on_mean / off_mean,
-        own * 1e6,
-        1 + own / off_med,
+        off * 1e3,
+        med("on", 0) * 1e3,
+        med("on", 0) / off,
+        med("on", 1) / med("off", 1),
+        med("empty", 0) / off,
+        med("on", 2) * 1e6,
+        1 + med("on", 2) / off,
     ]
 
 
@@ -170,6 +173,7 @@ def main() -> None:
             "step ms on",
             "median step ratio",
             "mean step ratio",
+            "empty Callback ratio (noise floor)",
             "detector us/step",
             "self-time ratio",
         ],

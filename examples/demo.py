@@ -27,7 +27,8 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
-console = Console()
+# Wide enough for the findings table when the output is a log file or CI, not a terminal.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def run_doctor(script: str, out: Path, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -74,18 +75,16 @@ def _env(out: Path) -> dict[str, str]:
 def print_findings(report: dict[str, Any]) -> None:
     """The slow script's findings, most severe first."""
     table = Table(title="What slows slow_training.py down", show_lines=True)
-    for col in ("severity", "finding", "where", "measured", "fix"):
-        table.add_column(col, overflow="fold")
+    table.add_column("severity", no_wrap=True)
+    table.add_column("finding", ratio=3)
+    table.add_column("where", ratio=1, overflow="fold")
+    table.add_column("fix", ratio=2)
     order = {"error": 0, "warning": 1, "info": 2}
     for f in sorted(report["findings"], key=lambda f: order.get(f.get("severity", "info"), 3)):
-        figures = ", ".join(
-            f"{k}={_fmt(v)}" for k, v in f["figures"].items() if not isinstance(v, (list, dict))
-        )
         table.add_row(
             f.get("severity", ""),
             f"[bold]{f['component']}/{f['id']}[/]\n{f['message']}",
             f["location"] or "",
-            figures,
             f.get("fix") or "",
         )
     console.print(table)
@@ -136,7 +135,7 @@ def print_wandb_runs(out: Path) -> None:
         return
     console.print("[bold]W&B offline runs[/] (upload with `wandb sync`):")
     for run in runs:
-        console.print(f"  {run}\n    wandb sync {run}")
+        console.print(f"  wandb sync {run}", soft_wrap=True)
 
 
 def draw_chart(slow: dict[str, Any], fast: dict[str, Any], path: Path) -> Path | None:

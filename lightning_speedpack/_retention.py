@@ -35,7 +35,6 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "BACKWARD_KEY",
     "STEP_KEY",
     "UNNAMED_KEY",
     "AttrRoot",
@@ -49,6 +48,7 @@ __all__ = [
     "inspect_graphs",
     "is_retained",
     "is_unnameable",
+    "mark_foreign",
     "mark_unnameable",
     "module_display_name",
     "module_globals_root",
@@ -59,14 +59,27 @@ __all__ = [
 ]
 
 STEP_KEY = "speedpack_step"
-"""``grad_fn.metadata`` key: ``(run token, batch)`` the graph was made (or first seen) in."""
+"""``grad_fn.metadata`` key: ``(run token, batch made or first seen in, back-propagated)``."""
 UNNAMED_KEY = "speedpack_unnamed"
-BACKWARD_KEY = "speedpack_backward"
-"""``grad_fn.metadata`` key: ``True`` when ``backward`` was called through this node."""
+"""``grad_fn.metadata`` key: ``True`` once a referrer search failed to name the holder."""
 
 _HEAD = 8  # items looked at from the start of a long container
 _TAIL = 56  # ... and from its end, where a leak appends
-_SKIP_PREFIXES = ("torch.", "pytorch_lightning.", "lightning.", "lightning_fabric.", "numpy.")
+_SKIP_PREFIXES = (
+    "torch.",
+    "pytorch_lightning.",
+    "lightning.",
+    "lightning_fabric.",
+    "numpy.",
+    "pandas.",
+    "PIL.",
+    "matplotlib.",
+    "wandb.",
+    "logging",
+    "threading",
+    "multiprocessing",
+    "concurrent.",
+)
 _SKIP_TYPES: tuple[type, ...] = (
     type,
     types.ModuleType,
@@ -96,7 +109,7 @@ def _metadata(node: Any) -> dict[str, Any]:
 
 
 def new_run_token() -> int:
-    """A token unique in this process, stamped into tags so one fit ignores another's graphs."""
+    """A token unique in this process (from 1), stamped into tags so fits ignore each other."""
     return next(_RUN_TOKENS)
 
 
@@ -118,7 +131,7 @@ def tag_graph(
         tensor: a tensor, possibly without ``grad_fn`` (then nothing happens).
         step: the training batch the graph belongs to.
         run: the fit's token (see :func:`new_run_token`).
-        backward: also mark the nodes as back-propagated (call from ``on_before_backward``).
+        backward: also mark the nodes as back-propagated (from ``on_before_backward``).
         depth: how many edges below the root to tag (Lightning divides the user's loss by the
             accumulation factor, so the user's own loss node is one edge below the root).
         max_nodes: at most this many nodes are tagged.
@@ -136,10 +149,11 @@ def tag_graph(
             seen += 1
             meta = _metadata(node)
             tag = meta.get(STEP_KEY)
+            # one write per node (a metadata write costs ~2 us): (run, step, back-propagated)
             if tag is None or tag[0] != run:
-                meta[STEP_KEY] = (run, step)
-            if backward:
-                meta[BACKWARD_KEY] = True
+                meta[STEP_KEY] = (run, step, backward)
+            elif backward and not tag[2]:
+                meta[STEP_KEY] = (run, tag[1], True)
             if level < depth:
                 following.extend(
                     n
@@ -161,11 +175,23 @@ def graph_step(tensor: Tensor, step: int, run: int = 0) -> int | None:
     meta = _metadata(grad_fn)
     tag = meta.get(STEP_KEY)
     if tag is None:
-        meta[STEP_KEY] = (run, step)
+        meta[STEP_KEY] = (run, step, False)
         return step
     if tag[0] != run:
         return None
     return int(tag[1])
+
+
+def mark_foreign(tensors: Iterable[Tensor]) -> None:
+    """Tag untagged graphs as belonging to no fit (run ``0``), so no fit ever reports them.
+
+    Call before a fit on what :func:`heap_graph_tensors` finds: graphs that were alive before
+    the fit started are not its leaks.
+    """
+    for tensor in tensors:
+        grad_fn = _grad_fn(tensor)
+        if grad_fn is not None:
+            _metadata(grad_fn).setdefault(STEP_KEY, (0, -1, False))
 
 
 def mark_unnameable(tensor: Tensor) -> None:
@@ -338,6 +364,7 @@ def walk_containers(
     max_depth: int = 4,
     skip: Iterable[object] = (),
     module_cache: ModuleCache | None = None,
+    max_objects: int = 5000,
 ) -> Iterator[tuple[str, Tensor]]:
     """Yield ``(path, tensor)`` for every tensor with a ``grad_fn`` reachable from ``roots``.
 
@@ -355,6 +382,8 @@ def walk_containers(
         module_cache: remembers, per module, which attributes and submodules to look at, so
             that a walk every step does not re-read every module's ``__dict__``; the caller
             clears it now and then to see new attributes.
+        max_objects: stop after entering this many objects (bounds the cost of a walk that
+            meets a large user object graph; the heap scan still sees everything).
     """
     seen: set[int] = {id(o) for o in skip}
     stack: list[tuple[str, Any, int]] = [(p, o, 1) for p, o in reversed(list(roots))]
@@ -367,6 +396,8 @@ def walk_containers(
             continue
         if kind == _SKIP or depth > max_depth or id(obj) in seen:
             continue
+        if len(seen) >= max_objects:
+            return
         seen.add(id(obj))
         try:
             children = [
@@ -660,7 +691,8 @@ class GraphInfo:
 def inspect_graphs(tensors: Iterable[Tensor], max_nodes: int = 256) -> GraphInfo:
     """Whether the graphs were back-propagated, and the bytes their saved tensors keep alive.
 
-    A graph counts as back-propagated when its root carries :data:`BACKWARD_KEY` or when the
+    A graph counts as back-propagated when its root's tag says so (:func:`tag_graph` from
+    ``on_before_backward``) or when the
     saved tensor nearest its root was freed by ``backward`` (reading it raises); an auxiliary
     head on a back-propagated trunk therefore counts as not back-propagated, since its own
     activations are kept. Scalars, and parameters (leaves requiring grad), are not
@@ -681,7 +713,8 @@ def inspect_graphs(tensors: Iterable[Tensor], max_nodes: int = 256) -> GraphInfo
         any_graph = True
         example = example or type(root).__name__
         # The node nearest the root that saved a tensor decides: freed means backward ran.
-        freed: bool | None = True if _metadata(root).get(BACKWARD_KEY) else None
+        tag = _metadata(root).get(STEP_KEY)
+        freed: bool | None = True if tag is not None and tag[2] else None
         seen = {id(root)}
         queue = deque([root])
         visited = 0

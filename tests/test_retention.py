@@ -39,9 +39,8 @@ def test_tag_graph_marks_root_and_nearest_nodes_and_survives_backward() -> None:
     outer = inner / 2  # what Lightning does to the user's loss
     R.tag_graph(outer, step=4, run=7, backward=True)
     outer.backward()
-    assert outer.grad_fn.metadata[R.STEP_KEY] == (7, 4)  # type: ignore[union-attr]
-    assert inner.grad_fn.metadata[R.STEP_KEY] == (7, 4)  # type: ignore[union-attr]
-    assert inner.grad_fn.metadata[R.BACKWARD_KEY] is True  # type: ignore[union-attr]
+    assert outer.grad_fn.metadata[R.STEP_KEY] == (7, 4, True)  # type: ignore[union-attr]
+    assert inner.grad_fn.metadata[R.STEP_KEY] == (7, 4, True)  # type: ignore[union-attr]
     # the earliest tag of a run wins; another run re-tags
     R.tag_graph(inner, step=9, run=7)
     assert R.graph_step(inner, 10, run=7) == 4
@@ -317,3 +316,9 @@ def test_an_unnameable_holder_is_remembered() -> None:
     R.mark_unnameable(tensor)
     assert R.is_unnameable(tensor)
     assert not R.is_unnameable(torch.ones(1))
+
+
+def test_walk_is_bounded_by_max_objects() -> None:
+    many = [[_graph()] for _ in range(50)]
+    assert len(_paths([("xs", many)])) == 50
+    assert len(_paths([("xs", many)], max_objects=11)) == 10  # the outer list and 10 inner ones

@@ -31,7 +31,7 @@ __all__ = [
 _SAMPLED_GRAPHS = 8  # graphs per holder whose saved tensors are weighed
 _NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per level)
 _EXTRA_PATH = "training_step()"
-_SCAN_SECONDS_PER_BLOCK = 2e-7  # a heap scan's cost per allocated block (measured on a CPU)
+_ONE_GRAPH_BYTES = 1 << 20  # a single retained graph is reported at once from this size on
 _TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
 _GLOBALS_REFRESH = 32  # batches between re-reading which globals and attributes to look at
 
@@ -127,20 +127,23 @@ class LossRetentionDetector(Callback):
     too. Use it when memory grows during training, or always: the per-step check is cheap.
 
     How: graphs are tagged with the batch they were created in (``grad_fn.metadata``, from
-    ``on_before_backward`` and the returned outputs). Every ``check_every_n_steps`` batches the
-    LightningModule's attributes, the other callbacks and the module-level containers of the
-    module that defines the LightningModule are walked (lists, dicts, tuples, deques, closures,
-    up to ``max_depth`` levels) for graph-carrying tensors from earlier batches. Every
+    ``on_before_backward`` and the returned outputs). Every ``check_every_n_steps`` batches
+    the attributes of the LightningModule, the datamodule and the other callbacks, and the
+    module-level containers of the module that defines the LightningModule, are walked
+    (lists, dicts, tuples, deques, closures, up to ``max_depth`` levels) for graph-carrying
+    tensors from earlier batches. Every
     ``deep_scan_every_n_steps`` batches, at the end of training, and when a returned tensor
     outlives its step or CUDA memory grows, the whole heap is scanned and each unexplained
     tensor is named by a referrer search (``my_script.GLOBAL_LOSSES[0]``, a closure, ...).
-    Only weak references are kept: the detector never extends a tensor's life.
+    Graphs alive before training starts are not this fit's (one heap pass at train start marks
+    them). Only weak references are kept: the detector never extends a tensor's life.
 
     Findings (``findings``, and the doctor's report): one :class:`RetainedGraph` per holder.
     Never back-propagated graphs are error-level (activations retained, with an estimate of
     their bytes from the saved tensors); back-propagated ones are warnings about growth. A
-    holder with a single back-propagated graph and no saved activations is not reported (a
-    "last loss" attribute); neither are graphs kept within the step they were made in.
+    holder is reported once it keeps graphs from two earlier steps, or one graph keeping at
+    least 1 MiB of activations; so a "last loss" attribute or a small constant computed once
+    is not, and neither are graphs kept within the step they were made in.
 
     Rank policy: runs on every rank; warnings print on rank 0 only; in ``mode="error"`` each
     rank raises on its own (leaks come from code, so all ranks find the same one).
@@ -248,9 +251,11 @@ class LossRetentionDetector(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Before the first heap scan, guess its cost from the allocator's block count (O(1)).
-        self._scan_seconds = sys.getallocatedblocks() * _SCAN_SECONDS_PER_BLOCK
+        # Graphs alive before training are not this fit's leaks (one heap pass per fit).
+        started = time.perf_counter()
+        retention.mark_foreign(retention.heap_graph_tensors())
         self._scan_done_at = time.perf_counter()
+        self._scan_seconds = self._scan_done_at - started
 
     @override
     def on_train_batch_start(
@@ -324,6 +329,9 @@ class LossRetentionDetector(Callback):
 
     def _roots(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[tuple[str, Any]]:
         roots: list[tuple[str, Any]] = [("model", pl_module)]
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None:
+            roots.append(("datamodule", datamodule))
         for callback in trainer.callbacks:  # type: ignore[attr-defined]
             if callback is not self:
                 roots.append((type(callback).__name__, callback))
@@ -411,6 +419,9 @@ class LossRetentionDetector(Callback):
             return None
         names = {id(pl_module): "model", id(trainer): "trainer"}
         names.update((id(cb), type(cb).__name__) for cb in trainer.callbacks)  # type: ignore[attr-defined]
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None:
+            names[id(datamodule)] = "datamodule"
         named: list[tuple[str, weakref.ref[Tensor]]] = []
         searches = 0
         while remaining and searches < _NAMED_PER_SCAN:
@@ -469,7 +480,7 @@ class LossRetentionDetector(Callback):
             finding.est_bytes = est
             finding.example_path = refs[-1][0]
         grows = finding.count >= 2
-        keeps_activations = not finding.backpropagated and finding.est_bytes > 0
+        keeps_activations = not finding.backpropagated and finding.est_bytes >= _ONE_GRAPH_BYTES
         if holder not in self._reported and (grows or keeps_activations):
             self._report(finding, raise_error=True)
 

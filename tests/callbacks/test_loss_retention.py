@@ -622,3 +622,58 @@ def test_returned_tensor_that_outlives_its_step_triggers_a_heap_scan(
     assert _summary(detector) == [('training_step()["aux"]', False), ("leak_outputs.KEPT", False)]
     assert detector.findings[1].step_first_seen == 1
     assert _ours(record) == 2
+
+
+def test_datamodule_attribute_is_named(tmp_path: Path) -> None:
+    from pytorch_lightning import LightningDataModule
+    from pytorch_lightning.demos.boring_classes import RandomDataset
+    from torch.utils.data import DataLoader
+
+    class Data(LightningDataModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kept: list[torch.Tensor] = []
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(RandomDataset(32, 64), batch_size=2)
+
+        def val_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(RandomDataset(32, 8), batch_size=2)
+
+    class Leaky(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            out = super().training_step(batch, batch_idx)
+            self.trainer.datamodule.kept.append(out["loss"])  # type: ignore[attr-defined]
+            return out
+
+    detector = LossRetentionDetector(deep_scan_every_n_steps=0)
+    trainer = Trainer(callbacks=[detector], **quiet_trainer_kwargs(tmp_path, max_steps=4))
+    with pytest.warns(RetainedGraphWarning, match="datamodule.kept"):
+        trainer.fit(Leaky(), datamodule=Data())
+    assert _summary(detector) == [("datamodule.kept", True)]
+
+
+def test_graphs_alive_before_the_fit_are_not_its_leaks(tmp_path: Path) -> None:
+    leftover = (torch.randn(4, requires_grad=True) * 2).relu().sum()  # e.g. from another fit
+    GLOBAL_LOSSES.append(leftover)
+    try:
+        detector = LossRetentionDetector(mode="error", deep_scan_every_n_steps=1)
+        _fit(BoringModel(), tmp_path, detector=detector)
+    finally:
+        GLOBAL_LOSSES.clear()
+    assert detector.findings == []
+
+
+def test_one_graph_keeping_a_mebibyte_of_activations_is_reported_at_once(tmp_path: Path) -> None:
+    class BigAux(BoringModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.aux: list[torch.Tensor] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            wide = torch.relu(self.layer(batch).repeat(1, 2**18))  # 2 MiB saved by relu
+            self.aux.append(wide.mean())
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(RetainedGraphError, match=r"model\.aux holds 1 tensor.*~[0-9.]+ MiB"):
+        _fit(BigAux(), tmp_path, detector=LossRetentionDetector(mode="error"))
