@@ -113,7 +113,7 @@ class SyncFinding:
         count: how many syncs this site made.
         first_step: ``trainer.global_step`` when it was first seen.
         steps_seen: in how many watched batches it synced; ``count / steps_seen`` is per step.
-        origin: ``"user"`` or ``"framework"`` (Lightning's own code).
+        origin: ``"user"`` or ``"framework"`` (Lightning's or this pack's own code).
 
     Example:
         >>> f = SyncFinding("item", "train.py", 12, "loss.item()", "training_step", count=6,
@@ -170,8 +170,17 @@ def _dirs(names: Sequence[str]) -> tuple[str, ...]:
 
 
 _SKIP_DIRS = _dirs(["torch", "numpy"])
+# The pack's own callbacks count as framework too: under DDP ThroughputLogger deliberately
+# reads one small all-reduced tensor on logging steps, and a user should see that labelled as
+# the pack's, with the setting that spaces it out, not mixed with their own syncs.
 _FRAMEWORK_DIRS = _dirs(
-    ["pytorch_lightning", "lightning_fabric", "lightning_utilities", "lightning"]
+    [
+        "pytorch_lightning",
+        "lightning_fabric",
+        "lightning_utilities",
+        "lightning",
+        "lightning_speedpack",
+    ]
 )
 _DATA_DIR = os.path.join(os.path.dirname(torch.__file__), "utils", "data", "")
 _STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
@@ -266,6 +275,11 @@ def matches_allow(filename: str, lineno: int, patterns: Sequence[str]) -> bool:
 def framework_fix(finding: SyncFinding) -> str:
     """The Trainer setting (or upgrade) that avoids a framework sync."""
     where = f"{finding.filename} {finding.function}"
+    if "lightning_speedpack" in finding.filename:
+        return (
+            "lightning-speedpack combines the ranks' counts once per logging step (one small "
+            "all-reduce): raise log_every_n_steps to do it less often"
+        )
     if "sigterm" in where:
         return (
             "Lightning broadcasts a SIGTERM flag and reads it with .item() every DDP step "

@@ -19,6 +19,7 @@ from lightning_speedpack._sync_detect import (
     SyncDetector,
     SyncPointError,
     attribute_frame,
+    framework_fix,
     matches_allow,
 )
 from tests.helpers import global_state
@@ -374,14 +375,16 @@ def test_cuda_sync_debug_mode_injected(clean_state: None, monkeypatch: pytest.Mo
     }
 
 
-def test_the_packs_other_callbacks_count_as_user_code(clean_state: None) -> None:
+def test_the_packs_other_callbacks_are_framework_with_their_own_fix(clean_state: None) -> None:
     import lightning_speedpack
 
     fake = os.path.join(os.path.dirname(lightning_speedpack.__file__), "callbacks", "fake_cb.py")
     namespace: dict[str, Any] = {}
     exec(compile("def read(t):\n    return t.item()\n", fake, "exec"), namespace)
-    with pytest.raises(SyncPointError, match=r"fake_cb\.py:2"):
-        _watch(lambda: namespace["read"](torch.ones(())), include_cpu=True, raise_on_user=True)
+    det = _watch(lambda: namespace["read"](torch.ones(())), include_cpu=True, raise_on_user=True)
+    (finding,) = det.findings()  # recorded, labelled, and not raised in error mode
+    assert (finding.origin, finding.filename, finding.lineno) == ("framework", fake, 2)
+    assert "log_every_n_steps" in framework_fix(finding)
 
 
 def test_non_blocking_copy_from_pageable_memory(clean_state: None) -> None:
