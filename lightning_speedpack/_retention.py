@@ -338,13 +338,19 @@ def _function_cells(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
             continue
 
 
-def _children(obj: Any, kind: int, cache: ModuleCache | None) -> Iterator[tuple[str, Any]]:
+def _children(
+    obj: Any, kind: int, cache: ModuleCache | None, sample_long: bool = True
+) -> Iterator[tuple[str, Any]]:
     if kind == _SEQ:
-        yield from ((f"[{i}]", v) for i, v in _capped_items(obj, len(obj)))
+        items = _capped_items(obj, len(obj)) if sample_long else enumerate(list(obj))
+        yield from ((f"[{i}]", v) for i, v in items)
     elif kind == _ATTRS:
-        yield from ((f".{k}", v) for k, v in _dict_items(obj))
+        yield from (
+            (f".{k}", v) for k, v in (_dict_items(obj) if sample_long else list(obj.items()))
+        )
     elif kind == _MAP:
-        yield from ((_subscript(k), v) for k, v in _dict_items(obj))
+        pairs = _dict_items(obj) if sample_long else list(obj.items())
+        yield from ((_subscript(k), v) for k, v in pairs)
     elif kind in (_USER_MODULE, _TORCH_MODULE):
         yield from _module_children(obj, kind == _USER_MODULE, cache)
     elif kind == _FUNC:
@@ -365,6 +371,7 @@ def walk_containers(
     skip: Iterable[object] = (),
     module_cache: ModuleCache | None = None,
     max_objects: int = 5000,
+    sample_long: bool = True,
 ) -> Iterator[tuple[str, Tensor]]:
     """Yield ``(path, tensor)`` for every tensor with a ``grad_fn`` reachable from ``roots``.
 
@@ -384,6 +391,8 @@ def walk_containers(
             clears it now and then to see new attributes.
         max_objects: stop after entering this many objects (bounds the cost of a walk that
             meets a large user object graph; the heap scan still sees everything).
+        sample_long: look at only both ends of long containers (the cheap per-step walk);
+            False walks every item, so that counts reported after a deep check are exact.
     """
     seen: set[int] = {id(o) for o in skip}
     stack: list[tuple[str, Any, int]] = [(p, o, 1) for p, o in reversed(list(roots))]
@@ -402,7 +411,7 @@ def walk_containers(
         try:
             children = [
                 (path + label, child, depth + 1)
-                for label, child in _children(obj, kind, module_cache)
+                for label, child in _children(obj, kind, module_cache, sample_long)
                 if _kind(type(child)) != _SKIP
             ]
         except Exception:  # a container that cannot be iterated safely is skipped

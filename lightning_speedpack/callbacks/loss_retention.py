@@ -387,6 +387,7 @@ class LossRetentionDetector(Callback):
             self.max_depth,
             skip=(trainer, self),
             module_cache=None if fresh else self._module_cache,
+            sample_long=not fresh,  # deep checks (rare) count every item exactly
         ):
             if retention.is_retained(tensor, step, self._run):
                 groups.setdefault(retention.holder_of(path), []).append((path, weakref.ref(tensor)))

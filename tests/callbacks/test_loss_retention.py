@@ -184,6 +184,17 @@ class ExtraKey(BoringModel):
         return {"loss": loss, "aux": aux, "fine": aux.detach()}
 
 
+def test_a_long_leak_is_counted_exactly_after_the_run(tmp_path: Path) -> None:
+    # The per-step walk samples both ends of long containers; the final check counts all.
+    detector = LossRetentionDetector(deep_scan_every_n_steps=1000)
+    with pytest.warns(RetainedGraphWarning):
+        _fit(ListLeak(), tmp_path, detector=detector, max_steps=150, max_epochs=3)
+    (finding,) = detector.findings
+    assert finding.path == "model.losses"
+    assert finding.count == 149  # every loss but the last step's own
+    assert detector.doctor_figures() == {"retained_graphs": 149}
+
+
 def test_list_attribute_leak_is_named(tmp_path: Path) -> None:
     detector = _fit_warns(ListLeak(), tmp_path)
     assert _summary(detector) == [("model.losses", True)]
