@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -89,9 +90,9 @@ def decide(kind: str, limit: int) -> tuple[float, int, str]:
         else BatchSizeFinder(mode="binsearch", steps_per_trial=3, margin=0.05)
     )
     model = LimitedMLP(limit)
-    trainer = quiet_trainer(callbacks=[timer, tuner], max_steps=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as root, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # BatchSizeFinder writes a checkpoint under the root dir
+        trainer = quiet_trainer(callbacks=[timer, tuner], max_steps=1, default_root_dir=root)
         try:
             trainer.fit(model)
         except torch.OutOfMemoryError:

@@ -36,7 +36,14 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from jpeg_common import JpegDataset, SmallCNN, common_args, to_float, write_jpegs
+from jpeg_common import (
+    JpegDataset,
+    SmallCNN,
+    common_args,
+    to_float,
+    wait_for_jpegs,
+    write_jpegs,
+)
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
@@ -78,8 +85,12 @@ class RecipeClassifier(pl.LightningModule):
     def train_dataloader(self) -> DataLoader[Any]:
         # Lightning adds the DistributedSampler: each rank reads its own shard.
         return DataLoader(
-            self.dataset, batch_size=self.batch_size, shuffle=True, num_workers=self.workers,
-            persistent_workers=self.workers > 0, pin_memory=torch.cuda.is_available(),
+            self.dataset,
+            batch_size=self.batch_size,
+            shuffle=True,
+            num_workers=self.workers,
+            persistent_workers=self.workers > 0,
+            pin_memory=torch.cuda.is_available(),
         )
 
 
@@ -93,10 +104,13 @@ def main() -> None:
     parser.set_defaults(images=256, epochs=2)
     args = parser.parse_args()
     out: Path = args.out.resolve()
-    # Rank 0 writes the JPEGs before the Trainer starts the other ranks, which then find them.
+    # Local rank 0 writes the JPEGs; the other ranks (started by torchrun or SLURM at the same
+    # time, or by Lightning's launcher later) wait until the set is complete.
     data_dir = args.data_dir or Path(tempfile.gettempdir()) / f"speedpack-recipe-{args.images}"
     if os.environ.get("LOCAL_RANK", "0") == "0":
         write_jpegs(data_dir, args.images)
+    else:
+        wait_for_jpegs(data_dir, args.images)
     dataset = CachedDataset(JpegDataset(data_dir), transform=random_flip, key="ddp-recipe")
 
     callbacks: list[pl.Callback] = [
@@ -113,10 +127,18 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         logger = WandbLogger(project="speedpack-ddp-recipe", save_dir=str(out))
     trainer = pl.Trainer(
-        accelerator=args.accelerator, devices=args.devices, num_nodes=args.nodes,
-        strategy=args.strategy, max_epochs=args.epochs, callbacks=callbacks, logger=logger,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        log_every_n_steps=2, default_root_dir=str(out),
+        accelerator=args.accelerator,
+        devices=args.devices,
+        num_nodes=args.nodes,
+        strategy=args.strategy,
+        max_epochs=args.epochs,
+        callbacks=callbacks,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=2,
+        default_root_dir=str(out),
     )
     trainer.fit(RecipeClassifier(dataset))
 

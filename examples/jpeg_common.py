@@ -7,6 +7,7 @@ trained differs. The images are written once per run to a temporary folder (or `
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,8 @@ NUM_CLASSES = 10
 def write_jpegs(directory: Path, n: int, seed: int = 0) -> None:
     """Write ``n`` JPEGs of varied sizes whose colour depends on the class (so it is learnable)."""
     directory.mkdir(parents=True, exist_ok=True)
-    if len(list(directory.glob("*.jpg"))) == n:
+    done = directory / f".complete-{n}-{seed}"
+    if done.exists():
         return  # already written by an earlier run with the same settings
     rng = np.random.default_rng(seed)
     palette = rng.integers(40, 215, (NUM_CLASSES, 3))
@@ -33,6 +35,16 @@ def write_jpegs(directory: Path, n: int, seed: int = 0) -> None:
         Image.fromarray(small).resize((w, h), Image.BILINEAR).save(
             directory / f"{i:05d}_{i % NUM_CLASSES}.jpg", quality=90
         )
+    done.touch()  # last: a reader that sees it sees every file whole
+
+
+def wait_for_jpegs(directory: Path, n: int, seed: int = 0, timeout: float = 600.0) -> None:
+    """Wait until another process (local rank 0) has finished :func:`write_jpegs`."""
+    deadline = time.monotonic() + timeout
+    while not (directory / f".complete-{n}-{seed}").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no complete set of {n} JPEGs in {directory} after {timeout} s")
+        time.sleep(0.2)
 
 
 class JpegDataset(Dataset[tuple[torch.Tensor, int]]):

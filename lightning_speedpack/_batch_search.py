@@ -98,7 +98,8 @@ class SizeSearch:
         init_val: first size to try (rounded up to a multiple).
         max_val: no size above this (rounded down to a multiple) is tried.
         multiple_of: every size is a multiple of this.
-        margin: fraction taken off the largest fitting size before rounding down.
+        margin: fraction taken off the largest fitting size before rounding down (only when a
+            size ran out of memory; a search stopped by ``max_val`` or ``cap`` keeps the cap).
         cap: another upper bound, e.g. the dataset's length (rounded down to a multiple).
 
     Raises:
@@ -184,6 +185,11 @@ class SizeSearch:
         m = self.multiple_of
         if self._low == 0:
             self._phase, self._next = "done", None
+            return
+        if self._high is None:
+            # Nothing ran out of memory: the cap (max_val or the dataset) stopped the search,
+            # and the margin, a memory safety fraction, has nothing to protect against.
+            self._finish(self._low)
             return
         target = max(m, round_down(self._low * (1.0 - self.margin), m))
         if self._fits.get(target):

@@ -67,9 +67,10 @@ def test_cap_limits_the_search_and_rounds_down() -> None:
 
 
 def test_max_val_fits_stops_there() -> None:
+    # No size ran out of memory, so the margin (a memory safety fraction) is not taken off.
     search = _run(SizeSearch(init_val=8, max_val=64, multiple_of=8, margin=0.05), 10**9)
-    assert [t.batch_size for t in search.trials] == [8, 16, 32, 64, 56]
-    assert search.result == 56
+    assert [t.batch_size for t in search.trials] == [8, 16, 32, 64]
+    assert search.result == 64
 
 
 def test_nothing_fits_gives_no_result() -> None:
@@ -86,11 +87,24 @@ def test_init_val_too_large_bisects_down() -> None:
 
 
 def test_verification_failure_searches_below() -> None:
-    search = SizeSearch(init_val=8, max_val=64, multiple_of=8, margin=0.2)
-    outcomes = {8: True, 16: True, 32: True, 64: True, 48: False, 24: True, 40: True}
+    search = SizeSearch(init_val=8, max_val=128, multiple_of=8, margin=0.2)
+    outcomes = {
+        8: True,
+        16: True,
+        32: True,
+        64: True,
+        128: False,
+        96: False,
+        80: False,
+        72: False,
+        48: False,
+        24: True,
+        40: True,
+    }
     while (size := search.next_size()) is not None:
         search.record(size, outcomes[size])
-    # 64 fit, 48 (=64*0.8) did not: bisect below 48, then apply the margin to 40 -> 32 (known fit)
+    # 64 fit, 72 did not; 48 (=64*0.8) then failed too: bisect below 48, then apply the margin
+    # to 40 -> 32 (known fit)
     assert search.result == 32
 
 
@@ -198,3 +212,12 @@ def test_next_throughput_size_bisects_towards_the_peak_on_both_sides() -> None:
 
 def test_next_throughput_size_with_nothing_measured() -> None:
     assert next_throughput_size([Trial(8, False)], limit=8, multiple_of=8) is None
+
+
+def test_margin_only_applies_below_an_out_of_memory_size() -> None:
+    # Stopped by the cap (dataset length / max_val), nothing ran out of memory: keep the cap.
+    search = SizeSearch(init_val=8, max_val=8192, multiple_of=8, margin=0.05, cap=100)
+    while (size := search.next_size()) is not None:
+        search.record(size, True)
+    assert search.result == 96
+    assert [t.batch_size for t in search.trials] == [8, 16, 32, 64, 96]

@@ -61,8 +61,8 @@ def test_shell_line_runs(line: int, cmd: str, tmp_path: Path) -> None:
         # `make test`/`make demo` would recurse or take minutes here: check the target and its
         # recipe exist and parse (a dry run), the CI and the demo run them for real.
         argv = ["make", "-n", *argv[1:]]
-    elif argv[0] == "speedpack":
-        argv = [str(Path(sys.executable).with_name("speedpack")), *argv[1:]]
+    elif argv[0] in ("python", "speedpack", "torchrun"):  # the venv's, wherever PATH points
+        argv = [str(Path(sys.executable).with_name(argv[0])), *argv[1:]]
     (tmp_path / "examples").symlink_to(REPO / "examples")  # README paths are repo-relative
     proc = subprocess.run(
         argv,

@@ -168,14 +168,41 @@ class DoctorSession:
         report = Report()
         for attached in self._attached:
             figures: dict[str, Any] = {}
+            found: list[Finding] = []
             for diagnostic, callback in attached.diagnostics:
                 if isinstance(callback, Diagnosable):
-                    report.findings.extend(_safe_findings(diagnostic, callback))
+                    found.extend(_safe_findings(diagnostic, callback))
                     figures.update(callback.doctor_figures())
+            report.findings.extend(_merge_same_id(found))
             for run in attached.recorder.runs:
                 run.figures.update(figures)
                 report.runs.append(run)
         return report
+
+
+_SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+def _merge_same_id(findings: list[Finding]) -> list[Finding]:
+    """Keep one finding per id across components.
+
+    ``data-wait`` comes from both the throughput logger and the advisor: the first registered
+    keeps it, at the most severe of their severities, and names the others in
+    ``figures["also_reported_by"]``. One component's findings with a shared id (a sync kind at
+    several call sites) are all kept.
+    """
+    first: dict[str, Finding] = {}
+    merged: list[Finding] = []
+    for finding in findings:
+        kept = first.get(finding.id)
+        if kept is None or kept.component == finding.component:
+            first.setdefault(finding.id, finding)
+            merged.append(finding)
+            continue
+        if _SEVERITY_RANK[finding.severity] > _SEVERITY_RANK[kept.severity]:
+            kept.severity = finding.severity
+        kept.figures.setdefault("also_reported_by", []).append(finding.component)
+    return merged
 
 
 def _safe_findings(diagnostic: Diagnostic, callback: Diagnosable) -> list[Finding]:

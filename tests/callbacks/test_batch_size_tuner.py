@@ -197,7 +197,7 @@ def test_trials_log_nothing_and_loggers_get_the_batch_size(tmp_path: Path) -> No
     assert model.trial_steps > 0
     steps = [step for step, metrics in logger.metrics if "train_loss" in metrics]
     assert steps == [0, 1, 2]  # the real steps only
-    assert {"batch_size": 56, "tuned_batch_size": 56} in logger.hparams
+    assert {"batch_size": 64, "tuned_batch_size": 64} in logger.hparams  # max_val, no OOM
 
 
 def test_non_oom_error_propagates_with_its_traceback(tmp_path: Path) -> None:

@@ -283,8 +283,14 @@ def test_job_id_is_shared_by_ranks_and_differs_between_jobs(
     assert job_id() == "teabc-29500"
 
 
-def test_lightning_launched_rank_finds_the_cache_its_parent_made(tmp_path: Path) -> None:
+def test_lightning_launched_rank_finds_the_cache_its_parent_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 0 builds the dataset before Trainer.fit sets MASTER_PORT; the re-run rank finds it."""
+    # A launcher's variables left in this process by an earlier test (Lightning's ddp_spawn
+    # sets MASTER_PORT in the parent) would name the parent's cache after them instead.
+    for var in ("MASTER_PORT", "MASTER_ADDR", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
     key = f"launched-{os.getpid()}-{time.monotonic_ns()}"  # first instance of it in both
     script = tmp_path / "child.py"
     script.write_text(

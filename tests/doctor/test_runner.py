@@ -201,3 +201,28 @@ def test_json_after_the_script_is_the_doctors_and_double_dash_passes_through() -
     )
     assert _split_script_args(["--json=o.json", "x"]) == ("o.json", ["x"])
     assert _split_script_args(["a", "--", "--json", "mine"]) == (None, ["a", "--json", "mine"])
+
+
+class Echo(Probe):
+    """A second diagnostic that reports the same finding id as Probe, more severely."""
+
+    def doctor_findings(self) -> list[Finding]:
+        return [Finding("echo", "batches", "same thing", severity="error")]
+
+
+def test_the_same_finding_id_from_two_components_is_reported_once(
+    tmp_path: Path, probe: None
+) -> None:
+    register_diagnostic("echo", Echo, order=2)
+    try:
+        session = DoctorSession()
+        with session.installed():
+            trainer = Trainer(**quiet_trainer_kwargs(tmp_path, max_steps=2))
+        trainer.fit(SizedBoringModel())
+        same = [f for f in session.report().findings if f.id == "batches"]
+    finally:
+        unregister_diagnostic("echo")
+    assert len(same) == 1
+    assert same[0].component == "probe"  # registered first
+    assert same[0].severity == "error"  # the most severe of the two
+    assert same[0].figures["also_reported_by"] == ["echo"]
