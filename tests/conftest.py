@@ -61,3 +61,14 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[O
 
     if wandb.run is not None:
         wandb.finish()
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment() -> Iterator[None]:
+    """Undo what a test's Trainer leaves in ``os.environ`` (Lightning's ``ddp_spawn`` sets
+    ``MASTER_PORT``, ``seed_everything`` sets ``PL_GLOBAL_SEED``, wandb sets ``WANDB_SERVICE``),
+    so a later test's subprocess or DDP run does not inherit a stale port or service."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

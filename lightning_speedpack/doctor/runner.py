@@ -186,10 +186,10 @@ _SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 def _merge_same_id(findings: list[Finding]) -> list[Finding]:
     """Keep one finding per id across components.
 
-    ``data-wait`` comes from both the throughput logger and the advisor: the first registered
-    keeps it, at the most severe of their severities, and names the others in
-    ``figures["also_reported_by"]``. One component's findings with a shared id (a sync kind at
-    several call sites) are all kept.
+    ``data-wait`` comes from both the throughput logger and the advisor: the one that says
+    where (a ``location``) is kept, else the first registered, at the most severe of their
+    severities, naming the others in ``figures["also_reported_by"]``. One component's findings
+    with a shared id (a sync kind at several call sites) are all kept.
     """
     first: dict[str, Finding] = {}
     merged: list[Finding] = []
@@ -199,9 +199,13 @@ def _merge_same_id(findings: list[Finding]) -> list[Finding]:
             first.setdefault(finding.id, finding)
             merged.append(finding)
             continue
-        if _SEVERITY_RANK[finding.severity] > _SEVERITY_RANK[kept.severity]:
-            kept.severity = finding.severity
-        kept.figures.setdefault("also_reported_by", []).append(finding.component)
+        keep, drop = (finding, kept) if finding.location and not kept.location else (kept, finding)
+        if _SEVERITY_RANK[drop.severity] > _SEVERITY_RANK[keep.severity]:
+            keep.severity = drop.severity
+        also = keep.figures.setdefault("also_reported_by", [])
+        also.extend([*drop.figures.pop("also_reported_by", []), drop.component])
+        if keep is finding:
+            merged[merged.index(kept)] = first[finding.id] = finding
     return merged
 
 

@@ -505,10 +505,14 @@ def test_doctor_reports_the_batch_size_without_changing_the_run(tmp_path: Path) 
     result = run_script(script)
     assert result.exit_code == 0
     assert result.report.runs[0].figures["batch_size"] == 30
-    (finding,) = [f for f in result.report.findings if f.component == "batch_size"]
-    assert finding.id == "batch-size-multiple"
+    # The tuner's finding and SpeedAdvisor's share an id: the report keeps the advisor's
+    # (it names where: the train dataloader) and says the tuner found it too.
+    (finding,) = [f for f in result.report.findings if f.id == "batch-size-multiple"]
     assert finding.severity == "info"  # on the CPU; a warning on a GPU
-    assert finding.figures == {"batch_size": 30, "suggested_batch_size": 24}
+    assert finding.location == "train_dataloader"
+    assert finding.figures["batch_size"] == 30
+    assert finding.figures["also_reported_by"] == ["batch_size"]
+    assert not [d for d in result.report.findings if d.component == "batch_size"]
 
 
 def test_doctor_shows_the_trials_of_a_tuner_the_script_added(tmp_path: Path) -> None:

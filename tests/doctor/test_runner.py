@@ -210,6 +210,13 @@ class Echo(Probe):
         return [Finding("echo", "batches", "same thing", severity="error")]
 
 
+class Pointer(Probe):
+    """A third one that says where: its finding is kept over the others."""
+
+    def doctor_findings(self) -> list[Finding]:
+        return [Finding("pointer", "batches", "here", location="train.py:3", severity="info")]
+
+
 def test_the_same_finding_id_from_two_components_is_reported_once(
     tmp_path: Path, probe: None
 ) -> None:
@@ -226,3 +233,23 @@ def test_the_same_finding_id_from_two_components_is_reported_once(
     assert same[0].component == "probe"  # registered first
     assert same[0].severity == "error"  # the most severe of the two
     assert same[0].figures["also_reported_by"] == ["echo"]
+
+
+def test_of_findings_with_the_same_id_the_one_with_a_location_is_kept(
+    tmp_path: Path, probe: None
+) -> None:
+    register_diagnostic("echo", Echo, order=2)
+    register_diagnostic("pointer", Pointer, order=3)
+    try:
+        session = DoctorSession()
+        with session.installed():
+            trainer = Trainer(**quiet_trainer_kwargs(tmp_path, max_steps=2))
+        trainer.fit(SizedBoringModel())
+        same = [f for f in session.report().findings if f.id == "batches"]
+    finally:
+        unregister_diagnostic("echo")
+        unregister_diagnostic("pointer")
+    assert [(f.component, f.location, f.severity) for f in same] == [
+        ("pointer", "train.py:3", "error")
+    ]
+    assert same[0].figures["also_reported_by"] == ["echo", "probe"]
