@@ -7,12 +7,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-SMALL = ["--images", "96", "--epochs", "2"]
+SMALL = ["--images", "160", "--epochs", "2"]  # batches of 100: 4 steps
 
 
 def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -28,23 +29,43 @@ def test_example_runs(script: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_doctor_on_the_slow_example_writes_the_report(tmp_path: Path) -> None:
-    report_path = tmp_path / "out.json"
-    proc = _run(
-        [
-            "-m",
-            "lightning_speedpack",
-            "doctor",
-            str(EXAMPLES / "slow_training.py"),
-            "--json",
-            str(report_path),
-            *SMALL,
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        tmp_path,
-    )
+def _doctor(script: str, tmp_path: Path) -> dict[str, Any]:
+    report_path = tmp_path / f"{script}.json"
+    args = [str(EXAMPLES / script), "--json", str(report_path), *SMALL]
+    proc = _run(["-m", "lightning_speedpack", "doctor", *args, "--out", str(tmp_path)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(report_path.read_text())
+    return dict(json.loads(report_path.read_text()))
+
+
+def test_doctor_finds_each_problem_the_slow_example_was_written_with(tmp_path: Path) -> None:
+    report = _doctor("slow_training.py", tmp_path)
     (run,) = report["runs"]
-    assert run["samples"] == 96 * 2
+    assert run["samples"] == 160 * 2
+    found = {(f["component"], f["id"]): f for f in report["findings"]}
+    source = (EXAMPLES / "slow_training.py").read_text().splitlines()
+    line = next(
+        i for i, text in enumerate(source, 1) if 'self.log("train_loss", loss.item())' in text
+    )
+    # loss.item() in training_step, reported at its line
+    assert found["sync_points", "sync-item"]["location"].endswith(f"slow_training.py:{line}")
+    assert found["loss_retention", "retained-graph"]["location"] == "model.losses"
+    assert ("advisor", "dataloader-workers") in found  # num_workers=0
+    ids = {f["id"] for f in report["findings"]}
+    assert "batch-size-multiple" in ids  # batch size 100
+    assert "data-wait" in ids  # decoding in __getitem__, in the training process
+    figures = run["figures"]
+    assert figures["syncs_per_step"] == 1.0
+    assert figures["retained_graphs"] == 3  # 4 steps: every loss but the last step's own
+    assert figures["batch_size"] == 100
+
+
+def test_doctor_on_the_fast_example_shows_the_problems_gone(tmp_path: Path) -> None:
+    report = _doctor("fast_training.py", tmp_path)
+    (run,) = report["runs"]
+    ids = {f["id"] for f in report["findings"]}
+    assert not ids & {"sync-item", "retained-graph", "dataloader-workers", "batch-size-multiple"}
+    figures = run["figures"]
+    assert 0.0 <= figures["data_wait_fraction"] <= 1.0  # the demo shows it beside the slow run's
+    assert figures["syncs_per_step"] == 0.0
+    assert figures["retained_graphs"] == 0
+    assert figures["batch_size"] == 128
