@@ -269,16 +269,7 @@ class ThroughputLogger(Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        t = self._totals
-        local = rates(
-            int(t["batches"]),
-            t["train_seconds"],
-            int(t["samples"]),
-            int(t["items"]),
-            t["wait_seconds"],
-            t["flops"],
-        )
-        world = self._combine(trainer, pl_module, local, [])[0]
+        world = self._combine(trainer, pl_module, self._totals_rates(), [])[0]
         if world is not None:
             self._run_figures = self._figures_from(world)
         peak_mem = self._sampler.peak_mem_used_gb if self._sampler is not None else None
@@ -300,21 +291,25 @@ class ThroughputLogger(Callback):
         self._close_flop_mode()
         self._stop_sampler()
 
+    def _totals_rates(self) -> WindowRates | None:
+        """This rank's rates over the whole run so far (None before the first timed step)."""
+        t = self._totals
+        return rates(
+            int(t["batches"]),
+            t["train_seconds"],
+            int(t["samples"]),
+            int(t["items"]),
+            t["wait_seconds"],
+            t["flops"],
+        )
+
     # ---- doctor ----------------------------------------------------------------------------
 
     def doctor_figures(self) -> dict[str, Any]:
         """Whole-run figures: samples/s, data-wait fraction, step time, samples/s over steps."""
         figures = dict(self._run_figures)
         if not figures:  # the fit did not end normally: use this rank's totals
-            t = self._totals
-            local = rates(
-                int(t["batches"]),
-                t["train_seconds"],
-                int(t["samples"]),
-                int(t["items"]),
-                t["wait_seconds"],
-                t["flops"],
-            )
+            local = self._totals_rates()
             if local is not None:
                 figures = self._figures_from(local)
         figures["samples_per_sec_over_steps"] = [list(p) for p in self._over_steps]
