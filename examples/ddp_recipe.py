@@ -40,8 +40,10 @@ from jpeg_common import (
     JpegDataset,
     SmallCNN,
     common_args,
+    finish_wandb,
     to_float,
     wait_for_jpegs,
+    wandb_logger,
     write_jpegs,
 )
 from torch.nn import functional as F
@@ -120,12 +122,7 @@ def main() -> None:
         LossRetentionDetector(),
         SpeedAdvisor(measure_steps=4),
     ]
-    logger: Any = False
-    if args.wandb:
-        from pytorch_lightning.loggers import WandbLogger
-
-        out.mkdir(parents=True, exist_ok=True)
-        logger = WandbLogger(project="speedpack-ddp-recipe", save_dir=str(out))
+    logger = wandb_logger(out, "speedpack-ddp-recipe") if args.wandb else False
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
@@ -158,8 +155,8 @@ def main() -> None:
         },
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(summary, indent=2, default=str))
-    if args.wandb and trainer.global_rank == 0:
-        logger.experiment.finish()
+    if trainer.global_rank == 0:
+        finish_wandb(trainer)
 
 
 if __name__ == "__main__":

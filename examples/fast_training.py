@@ -18,7 +18,15 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from jpeg_common import JpegDataset, SmallCNN, common_args, to_float, write_jpegs
+from jpeg_common import (
+    JpegDataset,
+    SmallCNN,
+    common_args,
+    demo_trainer,
+    finish_wandb,
+    to_float,
+    write_jpegs,
+)
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
@@ -62,29 +70,10 @@ def main() -> None:
             persistent_workers=True,
             pin_memory=torch.cuda.is_available(),
         )
-        logger: Any = False
-        if args.wandb:
-            from pytorch_lightning.loggers import WandbLogger
-
-            args.out.mkdir(parents=True, exist_ok=True)
-            logger = WandbLogger(project="speedpack-demo", name="fast", save_dir=str(args.out))
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_epochs=args.epochs,
-            logger=logger,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            log_every_n_steps=5,
-            default_root_dir=str(args.out),
-            callbacks=[ThroughputLogger()],
-        )
+        trainer = demo_trainer(args, "fast", callbacks=[ThroughputLogger()])
         trainer.fit(FastClassifier(), loader)
-        info = dataset.cache_info()
-        print(f"cache: {info}")
-        if args.wandb:
-            logger.experiment.finish()
+        print(f"cache: {dataset.cache_info()}")
+        finish_wandb(trainer)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -104,3 +106,37 @@ def common_args(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=Path("demo-output"), help="logs and W&B run")
     parser.add_argument("--wandb", action="store_true", help="log to W&B (offline unless set up)")
     return parser
+
+
+def wandb_logger(out: Path, project: str, name: str | None = None) -> Any:
+    """A ``WandbLogger`` writing under ``out`` (offline unless W&B is set up)."""
+    from pytorch_lightning.loggers import WandbLogger
+
+    out.mkdir(parents=True, exist_ok=True)
+    return WandbLogger(project=project, name=name, save_dir=str(out))
+
+
+def demo_trainer(args: argparse.Namespace, name: str, callbacks: Sequence[Any] = ()) -> Any:
+    """The Trainer both demo scripts use: identical settings, so only the fixes differ."""
+    import pytorch_lightning as pl
+
+    logger = wandb_logger(args.out, "speedpack-demo", name) if args.wandb else False
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=args.epochs,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=5,
+        default_root_dir=str(args.out),
+        callbacks=list(callbacks),
+    )
+
+
+def finish_wandb(trainer: Any) -> None:
+    """Close the W&B run, if the trainer has one, so its files are complete."""
+    for logger in trainer.loggers:
+        if hasattr(logger, "experiment") and type(logger).__name__ == "WandbLogger":
+            logger.experiment.finish()

@@ -23,7 +23,15 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from jpeg_common import JpegDataset, SmallCNN, common_args, to_float, write_jpegs
+from jpeg_common import (
+    JpegDataset,
+    SmallCNN,
+    common_args,
+    demo_trainer,
+    finish_wandb,
+    to_float,
+    write_jpegs,
+)
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
@@ -51,26 +59,9 @@ def main() -> None:
         data_dir = args.data_dir or Path(tmp) / "jpegs"
         write_jpegs(data_dir, args.images)
         loader = DataLoader(JpegDataset(data_dir), batch_size=100, shuffle=True, num_workers=0)
-        logger: Any = False
-        if args.wandb:
-            from pytorch_lightning.loggers import WandbLogger
-
-            args.out.mkdir(parents=True, exist_ok=True)
-            logger = WandbLogger(project="speedpack-demo", name="slow", save_dir=str(args.out))
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_epochs=args.epochs,
-            logger=logger,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            log_every_n_steps=5,
-            default_root_dir=str(args.out),
-        )
+        trainer = demo_trainer(args, "slow")
         trainer.fit(SlowClassifier(), loader)
-        if args.wandb:
-            logger.experiment.finish()
+        finish_wandb(trainer)
 
 
 if __name__ == "__main__":

@@ -55,11 +55,10 @@ class RunRecorder(Callback):
         self.runs: list[RunSummary] = []
         self._start = 0.0
         self._samples = 0
-        self._batches = 0
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._samples = self._batches = 0
+        self._samples = 0
         self._start = time.perf_counter()
 
     @override
@@ -71,7 +70,6 @@ class RunRecorder(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._batches += 1
         try:
             self._samples += infer_batch_size(batch)
         except BatchSizeError:
