@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from lightning_speedpack.data._arena import MISSING, Arena
-from lightning_speedpack.data._codec import encode
+from lightning_speedpack.data.arena import MISSING, Arena
+from lightning_speedpack.data.codec import encode
 
 __all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset", "job_id"]
 

@@ -1,6 +1,7 @@
 """``speedpack doctor``: run a script with every diagnostic attached and report what slows it."""
 
-from lightning_speedpack.doctor.registry import (
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.registry import (
     Diagnosable,
     Diagnostic,
     DoctorContext,
@@ -8,7 +9,7 @@ from lightning_speedpack.doctor.registry import (
     registered_diagnostics,
     unregister_diagnostic,
 )
-from lightning_speedpack.doctor.report import Finding, Report, RunSummary
+from lightning_speedpack.doctor.report import Report, RunSummary
 
 __all__ = [
     "Diagnosable",

@@ -5,34 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+
+from lightning_speedpack.core.findings import Finding, Severity
 
 __all__ = ["Finding", "Report", "RunSummary", "Severity"]
-
-Severity = Literal["info", "warning", "error"]
-Figure = float | int | str | bool | None
-
-
-@dataclass
-class Finding:
-    """One thing the doctor found: what, where in the user's code, the measured figure, the fix.
-
-    Example:
-        >>> Finding("throughput", "data-wait", "62% of each step waits for data",
-        ...         figures={"data_wait_fraction": 0.62}, fix="wrap the dataset in CachedDataset")
-        Finding(component='throughput', id='data-wait', ...)
-    """
-
-    component: str
-    id: str
-    message: str
-    location: str | None = None
-    figures: dict[str, Any] = field(default_factory=dict)
-    severity: Severity = "warning"
-    fix: str | None = None
-
-    def __repr__(self) -> str:
-        return f"Finding(component={self.component!r}, id={self.id!r}, ...)"
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Run an unmodified training script with the pack's diagnostics attached to every Trainer.
 
-The runner wraps ``pytorch_lightning.Trainer.__init__`` for the duration of the script so that
-each Trainer the script builds gets one instance of every registered diagnostic (see
-:mod:`lightning_speedpack.doctor.registry`) plus a recorder of wall time and samples. Nothing
-of this stays behind: the wrapper is removed when the script ends, however it ends.
+The runner wraps ``Trainer.__init__`` of every installed Lightning namespace
+(``pytorch_lightning`` and ``lightning.pytorch``, LightningCLI's Trainers included) for the
+duration of the script so that each Trainer the script builds gets one instance of every
+registered diagnostic (see :mod:`lightning_speedpack.core.registry`) plus a recorder of wall
+time and samples. Nothing of this stays behind: the wrapper is removed when the script ends,
+however it ends.
 
 Ranks started by Lightning's ``ddp`` launcher re-run the script in new interpreters that import
 nothing of ours; a ``sitecustomize`` on ``PYTHONPATH`` (see ``_bootstrap/``) installs the same
@@ -12,6 +14,7 @@ wrapper there, so every rank runs the same callbacks and their collectives match
 
 from __future__ import annotations
 
+import importlib
 import os
 import resource
 import runpy
@@ -22,15 +25,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning import Callback
 from typing_extensions import override
 
-from lightning_speedpack._batch import BatchSizeError, infer_batch_size
-from lightning_speedpack.doctor.registry import (
+from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.lightning import Callback, classes
+from lightning_speedpack.core.registry import (
     Diagnosable,
     Diagnostic,
     DoctorContext,
@@ -38,7 +40,26 @@ from lightning_speedpack.doctor.registry import (
 )
 from lightning_speedpack.doctor.report import Finding, Report, RunSummary
 
-__all__ = ["DoctorSession", "ScriptResult", "run_script"]
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = ["TOOLS", "DoctorSession", "ScriptResult", "import_tools", "run_script"]
+
+#: Every tool module that registers a diagnostic (imported by the doctor, never the reverse).
+TOOLS = (
+    "lightning_speedpack.throughput.callback",
+    "lightning_speedpack.sync_points.callback",
+    "lightning_speedpack.retention.callback",
+    "lightning_speedpack.batch_size.callback",
+    "lightning_speedpack.advisor.callback",
+)
+
+
+def import_tools() -> None:
+    """Import every tool, so each registers its diagnostic (the package itself imports lazily)."""
+    for module in TOOLS:
+        importlib.import_module(module)
+
 
 CHILD_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_SCRIPT"
 _BOOTSTRAP_DIR = str(Path(__file__).with_name("_bootstrap"))
@@ -112,13 +133,18 @@ class DoctorSession:
 
     def __init__(self) -> None:
         self._attached: list[_Attached] = []
-        self._original_init: Any = None
+        self._originals: dict[type[Any], Any] = {}
 
     def install(self) -> None:
-        """Wrap ``Trainer.__init__`` (idempotent)."""
-        if self._original_init is not None:
+        """Wrap ``Trainer.__init__`` of every installed Lightning namespace (idempotent)."""
+        if self._originals:
             return
-        original = pl.Trainer.__init__
+        import_tools()
+        for trainer_type in classes("Trainer"):
+            self._originals[trainer_type] = self._wrap(trainer_type)
+
+    def _wrap(self, trainer_type: type[Any]) -> Any:
+        original = trainer_type.__init__
         session = self
 
         def __init__(trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
@@ -126,14 +152,14 @@ class DoctorSession:
             original(trainer, *args, **kwargs)
 
         __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        self._original_init = original
-        pl.Trainer.__init__ = __init__  # type: ignore[method-assign,assignment]
+        trainer_type.__init__ = __init__
+        return original
 
     def uninstall(self) -> None:
-        """Restore ``Trainer.__init__`` (idempotent)."""
-        if self._original_init is not None:
-            pl.Trainer.__init__ = self._original_init  # type: ignore[method-assign,assignment]
-            self._original_init = None
+        """Restore every wrapped ``Trainer.__init__`` (idempotent)."""
+        for trainer_type, original in self._originals.items():
+            trainer_type.__init__ = original
+        self._originals.clear()
 
     @contextmanager
     def installed(self) -> Iterator[DoctorSession]:
@@ -147,7 +173,11 @@ class DoctorSession:
     def _with_diagnostics(self, kwargs: dict[str, Any]) -> list[Callback]:
         given = kwargs.get("callbacks")
         callbacks: list[Callback] = (
-            [] if given is None else [given] if isinstance(given, Callback) else list(given)
+            []
+            if given is None
+            else [given]
+            if isinstance(given, classes("Callback"))
+            else list(given)
         )
         ctx = DoctorContext(trainer_kwargs=dict(kwargs))
         attached = _Attached(recorder=RunRecorder())
@@ -261,9 +291,6 @@ def run_script(script: str | os.PathLike[str], args: Sequence[str] = ()) -> Scri
     path = Path(script).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"no training script at {str(script)!r}")
-    # Importing the package runs every component's register_diagnostic().
-    import lightning_speedpack  # noqa: F401
-
     session = DoctorSession()
     exit_code: int = 0
     error: BaseException | None = None

@@ -1,8 +1,8 @@
-"""``strategy="ddp_speedpack"``: Lightning's DDP with the settings the speed-up guides recommend.
+"""The behaviour of ``strategy="ddp_speedpack"``, written once for both Lightning namespaces.
 
-Importing :mod:`lightning_speedpack` registers ``"ddp_speedpack"`` (Lightning's subprocess
-launcher, like ``"ddp"``) and ``"ddp_speedpack_spawn"`` (like ``"ddp_spawn"``) in Lightning's
-``StrategyRegistry``, once.
+:class:`SpeedpackDDPMixin` holds everything the strategy adds to Lightning's ``DDPStrategy``;
+each namespace gets a concrete class (``strategies/pytorch_lightning.py`` and
+``strategies/lightning.py``) that puts the mixin in front of its own ``DDPStrategy``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
-from pytorch_lightning.utilities import rank_zero_info
-from typing_extensions import override
+from lightning_utilities.core.rank_zero import rank_zero_info
 
-__all__ = ["DDPSpeedpackStrategy", "available_cpu_cores", "cpu_threads_per_rank"]
+__all__ = ["SpeedpackDDPMixin", "available_cpu_cores", "cpu_threads_per_rank"]
 
 
 def available_cpu_cores() -> int:
@@ -36,8 +34,10 @@ def cpu_threads_per_rank(cores: int, local_world_size: int) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
-class DDPSpeedpackStrategy(DDPStrategy):
+class SpeedpackDDPMixin:
     """DistributedDataParallel with the fast settings the guides recommend, as one strategy name.
+
+    The behaviour of every namespace's ``DDPSpeedpackStrategy`` (put the mixin first in the bases).
 
     Bucket-view gradients, no unused-parameter search, bf16 gradient compression on CUDA, and
     no CPU oversubscription when several ranks share a machine.
@@ -75,21 +75,18 @@ class DDPSpeedpackStrategy(DDPStrategy):
     strategy hands to Lightning, not by a GPU run.
 
     Args:
-        *args: passed to :class:`~pytorch_lightning.strategies.DDPStrategy`.
+        *args: passed to Lightning's ``DDPStrategy``.
         compress_gradients: register the bf16 compression hook on CUDA.
         limit_cpu_threads: share the CPU cores between the ranks of a machine.
         **kwargs: passed to ``DDPStrategy`` (and from there to ``DistributedDataParallel``);
             ``gradient_as_bucket_view`` and ``find_unused_parameters`` may be overridden here.
-
-    Example:
-        >>> from pytorch_lightning import Trainer
-        >>> import lightning_speedpack  # registers the strategy names
-        >>> trainer = Trainer(strategy="ddp_speedpack", accelerator="cpu", devices=2, logger=False)
-        >>> type(trainer.strategy).__name__
-        'DDPSpeedpackStrategy'
-        >>> trainer.strategy.ddp_kwargs["gradient_as_bucket_view"]
-        True
     """
+
+    # Attributes of Lightning's DDPStrategy the mixin reads (typed for mypy).
+    _ddp_kwargs: dict[str, Any]
+    _ddp_comm_hook: Callable[..., Any] | None
+    root_device: torch.device
+    num_processes: int
 
     def __init__(
         self,
@@ -106,7 +103,7 @@ class DDPSpeedpackStrategy(DDPStrategy):
             )
 
             kwargs["ddp_comm_hook"] = bf16_compress_hook
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self.compress_gradients = compress_gradients
         self.limit_cpu_threads = limit_cpu_threads
         self._threads_before: int | None = None
@@ -124,25 +121,24 @@ class DDPSpeedpackStrategy(DDPStrategy):
         """The communication hook registered on CUDA (None when there is none)."""
         return self._ddp_comm_hook
 
-    @override
     def setup_environment(self) -> None:
+        """Share the CPU cores between the ranks of a machine, then set up as DDP does."""
         if self.limit_cpu_threads and self.root_device.type == "cpu" and not self._omp_preset:
             threads = cpu_threads_per_rank(available_cpu_cores(), self.num_processes)
             self._threads_before = torch.get_num_threads()
             if threads != self._threads_before:
                 torch.set_num_threads(threads)
                 rank_zero_info(f"ddp_speedpack: {threads} CPU thread(s) per rank")
-        super().setup_environment()
+        super().setup_environment()  # type: ignore[misc]
 
-    @override
     def teardown(self) -> None:
-        super().teardown()
+        """Tear down as DDP does, then restore the thread count found at setup."""
+        super().teardown()  # type: ignore[misc]
         if self._threads_before is not None:
             torch.set_num_threads(self._threads_before)
             self._threads_before = None
 
     @classmethod
-    @override
     def register_strategies(cls, strategy_registry: Any) -> None:
         """Register ``"ddp_speedpack"`` and ``"ddp_speedpack_spawn"`` (idempotent).
 
@@ -164,6 +160,3 @@ class DDPSpeedpackStrategy(DDPStrategy):
                 override=True,
                 start_method=start_method,
             )
-
-
-DDPSpeedpackStrategy.register_strategies(StrategyRegistry)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_speedpack.data import _arena
-from lightning_speedpack.data._arena import MISSING, READY, WRITING, Arena, process_alive
-from lightning_speedpack.data._codec import encode
+from lightning_speedpack.data import arena as _arena
+from lightning_speedpack.data.arena import MISSING, READY, WRITING, Arena, process_alive
+from lightning_speedpack.data.codec import encode
 
 FP = bytes(range(32))
 OTHER_FP = bytes(32)

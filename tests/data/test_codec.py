@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_speedpack.data._codec import ALIGN, decode, dumps, encode, loads
+from lightning_speedpack.data.codec import ALIGN, decode, dumps, encode, loads
 
 
 def assert_same(a: Any, b: Any) -> None:

@@ -13,11 +13,9 @@ _here = os.path.dirname(os.path.abspath(__file__))
 _script = os.environ.get("LIGHTNING_SPEEDPACK_DOCTOR_SCRIPT")
 if _script and sys.argv and sys.argv[0] and os.path.abspath(sys.argv[0]) == _script:
     try:
-        import lightning_speedpack
         from lightning_speedpack.doctor.runner import DoctorSession
 
         DoctorSession().install()
-        del lightning_speedpack
     except Exception as _err:  # never stop the user's rank from starting
         print(f"speedpack doctor: could not attach to this rank: {_err}", file=sys.stderr)
 

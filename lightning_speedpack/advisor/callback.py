@@ -1,0 +1,517 @@
+"""SpeedAdvisor: the speed-up guides' checklist, checked against the actual run."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
+
+from lightning_speedpack.advisor import rules as _advice
+from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.lightning import Callback, rank_zero_info
+from lightning_speedpack.core.registry import register_diagnostic
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = ["APPLICABLE_FIXES", "AdvisorFinding", "DeviceInfo", "SpeedAdvisor"]
+
+APPLICABLE_FIXES = ("cudnn_benchmark", "channels_last", "zero_grad_set_to_none")
+"""The fixes ``SpeedAdvisor(apply=...)`` may apply at fit start."""
+
+_ORDER = {finding_id: i for i, finding_id in enumerate(_advice.FINDING_IDS)}
+
+
+class SpeedAdvisor(Callback):
+    r"""Check a run against the speed-up checklist and report what to fix, with the evidence.
+
+    The guides to fast PyTorch training list their advice as prose; this callback checks it
+    against the run itself. At the start of training it inspects the Trainer, the
+    LightningModule and the train dataloaders; during the first ``measure_steps`` training
+    steps it measures how long the loop waits for each batch, whether batch shapes stay fixed,
+    whether ``zero_grad`` released the gradients, and (in any validation it sees) whether
+    gradients are recorded. Then it prints a table of findings (rank 0) and keeps them in
+    :attr:`findings`. Use it once on a new training script, or under ``speedpack doctor``,
+    which attaches it and includes its findings in the report.
+
+    ==========================  =================================================================
+    finding ``id``              fires when
+    ==========================  =================================================================
+    ``dataloader-workers``      ``num_workers=0``, or more workers than CPU cores per process
+    ``pin-memory``              ``pin_memory=False`` while training on a GPU (GPU only)
+    ``persistent-workers``      workers > 0, several epochs, ``persistent_workers=False``
+    ``data-wait``               measured: > ``data_wait_threshold`` of the time (and >= 1 ms per
+                                step) waits for the next batch
+    ``batch-size-multiple``     the train batch size is not a multiple of 8
+    ``layer-dims-multiple``     Linear/Conv/Embedding/attention dims >= 8 not multiples of 8
+    ``conv-bias-before-bn``     a Conv with a bias registered right before its BatchNorm
+    ``precision``               32-bit precision on a GPU with tensor cores (GPU only)
+    ``cudnn-benchmark``         conv model, fixed batch shapes, cuDNN benchmark off (GPU only)
+    ``channels-last``           Conv2d weights not ``channels_last`` (GPU only)
+    ``dataparallel``            an ``nn.DataParallel`` inside the model
+    ``zero-grad``               a gradient still allocated right after ``zero_grad``
+    ``eval-grad``               grad mode on, or outputs with a graph, during validation
+    ``sync-batchnorm``          BatchNorm under DDP with per-device batches < 16 (info)
+    ==========================  =================================================================
+
+    Each finding is an :class:`~lightning_speedpack.advisor.rules.AdvisorFinding` (``id``,
+    ``severity``, ``message``, ``evidence``, ``fix``, ``location``, ``figures``);
+    :meth:`doctor_findings` converts them to the doctor's ``Finding`` (component ``"advisor"``).
+
+    How things are measured: the data wait of a step is the time from the end of the previous
+    training batch (or the start of the epoch, or the end of a validation run) to the start of
+    this one, with ``time.perf_counter`` only: no device synchronisation, no collectives. The
+    first training step of a fit is a warm-up and not measured. ``zero-grad`` looks, before each
+    backward that follows a ``zero_grad`` (automatic optimization only), for a parameter whose
+    ``.grad`` is still a tensor; that is metadata, no sync. ``eval-grad`` is checked on every
+    validation batch until the first validation run ends; if that happens after the table was
+    printed, the finding is appended to :attr:`findings` and printed on its own line.
+
+    Findings that only mean something on a CUDA GPU (``pin-memory``, ``precision``,
+    ``cudnn-benchmark``, ``channels-last``) are evaluated for the device the run trains on;
+    elsewhere they are listed in :attr:`skipped` with the reason. These checks were exercised
+    on the CPU only, through an injected ``device_info``.
+
+    ``apply`` fixes, each announced with ``rank_zero_info``:
+
+    - ``"cudnn_benchmark"``: sets ``torch.backends.cudnn.benchmark = True`` at fit start and
+      restores the previous value when the fit ends or fails.
+    - ``"channels_last"``: converts the model to ``torch.channels_last`` before it is moved
+      to the device and wrapped (``setup``). Not undone: it becomes the model's own format,
+      and checkpoints load into either format. Input batches are not converted.
+    - ``"zero_grad_set_to_none"``: during the fit, the LightningModule's ``optimizer_zero_grad``
+      runs with ``optimizer.zero_grad`` forced to ``set_to_none=True`` (the Torch 2 default,
+      this only matters when an override passes ``False``). Manual optimization is not covered.
+
+    Rank policy: runs on every rank with no collectives (each rank checks its own process);
+    prints on rank 0 only.
+
+    After the measurement: :attr:`findings` (list of ``AdvisorFinding``, in the table's order),
+    :attr:`skipped` (finding id -> why it was not evaluated), :attr:`applied` (the fixes
+    applied), :attr:`measured_steps` and :attr:`data_wait_fraction` (None before any step was
+    measured). Nothing is logged to the Trainer's loggers and nothing is checkpointed: a
+    resumed run measures again.
+
+    Args:
+        measure_steps: training steps to measure after the warm-up step before reporting.
+        apply: names from :data:`APPLICABLE_FIXES` to apply at fit start.
+        data_wait_threshold: fraction of the time waiting for data above which ``data-wait``
+            fires, in ``[0, 1)``.
+        verbose: print the findings table on rank 0 when the measurement ends.
+        device_info: describe the device instead of asking torch (for tests: run the GPU-only
+            checks on a CPU machine). Keyword-only.
+
+    Raises:
+        ValueError: ``measure_steps`` is not a positive int, ``apply`` names an unknown fix,
+            or ``data_wait_threshold`` is outside ``[0, 1)``.
+        TypeError: ``apply`` is a string instead of a sequence of names, or ``device_info``
+            is not a ``DeviceInfo``.
+
+    Example:
+        >>> from pytorch_lightning import Trainer
+        >>> from pytorch_lightning.demos.boring_classes import BoringModel
+        >>> advisor = SpeedAdvisor(measure_steps=3, verbose=False)
+        >>> trainer = Trainer(accelerator="cpu", max_steps=5, callbacks=[advisor], logger=False,
+        ...                   enable_checkpointing=False, enable_progress_bar=False,
+        ...                   enable_model_summary=False)
+        >>> trainer.fit(BoringModel())
+        >>> ids = [f.id for f in advisor.findings]  # BoringModel: batch size 2, no workers
+        >>> "dataloader-workers" in ids, "batch-size-multiple" in ids
+        (True, True)
+        >>> sorted(advisor.skipped)
+        ['channels-last', 'cudnn-benchmark', 'pin-memory', 'precision']
+    """
+
+    def __init__(
+        self,
+        measure_steps: int = 20,
+        apply: Sequence[str] = (),
+        data_wait_threshold: float = 0.2,
+        verbose: bool = True,
+        *,
+        device_info: DeviceInfo | None = None,
+    ) -> None:
+        errors: list[str] = []
+        if (
+            isinstance(measure_steps, bool)
+            or not isinstance(measure_steps, int)
+            or measure_steps < 1
+        ):
+            errors.append(f"`measure_steps` must be a positive int, got {measure_steps!r}")
+        if isinstance(apply, str) or not isinstance(apply, (list, tuple, set, frozenset)):
+            hint = f"; write apply=({apply!r},)" if isinstance(apply, str) else ""
+            raise TypeError(f"`apply` must be a sequence of fix names, got {apply!r}{hint}")
+        unknown = [name for name in apply if name not in APPLICABLE_FIXES]
+        if unknown:
+            errors.append(
+                f"`apply` got unknown fix(es) {unknown}; allowed: {list(APPLICABLE_FIXES)}"
+            )
+        if not isinstance(data_wait_threshold, (int, float)) or not 0 <= data_wait_threshold < 1:
+            errors.append(f"`data_wait_threshold` must be in [0, 1), got {data_wait_threshold!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+        if device_info is not None and not isinstance(device_info, DeviceInfo):
+            raise TypeError(f"`device_info` must be a DeviceInfo or None, got {device_info!r}")
+        self.measure_steps = measure_steps
+        self.apply = tuple(dict.fromkeys(apply))
+        self.data_wait_threshold = float(data_wait_threshold)
+        self.verbose = verbose
+        self.device_info = device_info
+        self.findings: list[AdvisorFinding] = []
+        self.skipped: dict[str, str] = {}
+        self.applied: list[str] = []
+        self.measured_steps = 0
+        self.data_wait_fraction: float | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._static: list[AdvisorFinding] = []
+        self._device = DeviceInfo("cpu")
+        self._measuring = False
+        self._reported = False
+        self._warmup_done = False
+        self._steps = 0
+        self._wait_s = 0.0
+        self._step_s = 0.0
+        self._mark: float | None = None
+        self._batch_start = 0.0
+        self._batch_idx = 0
+        self._shapes: set[tuple[tuple[int, ...], ...]] = set()
+        self._stale_param: str | None = None
+        self._stale_step: int | None = None
+        self._eval_grad: str | None = None
+        self._eval_checked = False
+        self._cudnn_before: bool | None = None
+        self._patched_module: pl.LightningModule | None = None
+        self._handles: list[RemovableHandle] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = []  # hook handles and the module belong to a running fit only
+        state["_patched_module"] = None
+        for bound in ("log", "log_dict"):  # Lightning binds the module's methods onto callbacks
+            state.pop(bound, None)
+        return state
+
+    # --- fit start: apply fixes, inspect the run -------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._reset()
+        self.findings, self.skipped, self.applied = [], {}, []
+        self.measured_steps, self.data_wait_fraction = 0, None
+        if "channels_last" in self.apply:
+            pl_module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+            self._announce("channels_last", "model converted to torch.channels_last (not undone)")
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if "cudnn_benchmark" in self.apply:
+            self._cudnn_before = torch.backends.cudnn.benchmark
+            torch.backends.cudnn.benchmark = True
+            self._announce(
+                "cudnn_benchmark", "torch.backends.cudnn.benchmark = True until fit ends"
+            )
+        if "zero_grad_set_to_none" in self.apply:
+            self._patch_zero_grad(pl_module)
+            self._announce("zero_grad_set_to_none", "optimizer.zero_grad(set_to_none=True) in fit")
+        self._watch_validation(trainer, pl_module)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        device = self.device_info or DeviceInfo.from_device(trainer.strategy.root_device)
+        self._device = device
+        reason = _advice.gpu_skip_reason(device)
+        if reason is not None:
+            self.skipped = dict.fromkeys(sorted(_advice.GPU_ONLY_IDS), reason)
+        loaders = [LoaderSettings.from_dataloader(dl, name) for name, dl in _train_loaders(trainer)]
+        epochs = _planned_epochs(trainer)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        found: list[AdvisorFinding] = []
+        for loader in loaders:
+            found += _advice.check_dataloader_workers(loader, cores or 1, trainer.num_devices)
+            found += _advice.check_pin_memory(loader, device)
+            found += _advice.check_persistent_workers(loader, epochs)
+        batch_size = loaders[0].batch_size if loaders else None
+        where = loaders[0].name if loaders else "train_dataloader"
+        found += _advice.check_batch_size_multiple(batch_size, device, where)
+        found += _advice.check_layer_dims(pl_module, device)
+        found += _advice.check_conv_bias_before_bn(pl_module)
+        found += _advice.check_precision(str(trainer.precision), device)
+        found += _advice.check_channels_last(pl_module, device)
+        found += _advice.check_dataparallel(pl_module)
+        found += _advice.check_sync_batchnorm(pl_module, trainer.world_size, batch_size)
+        self._static = found
+        self._measuring = True
+
+    # --- measurement -----------------------------------------------------------------------
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._measuring:
+            self._mark = time.perf_counter()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._measuring:
+            return
+        now = time.perf_counter()
+        self._batch_idx = batch_idx
+        if self._warmup_done and self._mark is not None:
+            self._wait_s += now - self._mark
+        self._batch_start = now
+        self._shapes.add(tuple(_tensor_shapes(batch)))
+
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        if not (self._measuring and self._warmup_done) or self._stale_param is not None:
+            return
+        if not pl_module.automatic_optimization:
+            return
+        if self._batch_idx % trainer.accumulate_grad_batches != 0:
+            return  # mid-accumulation: gradients are meant to be there
+        for name, param in pl_module.named_parameters():
+            if param.requires_grad and param.grad is not None:  # metadata only, no sync
+                self._stale_param, self._stale_step = name, trainer.global_step
+                return
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if not self._measuring:
+            return
+        now = time.perf_counter()
+        if self._warmup_done:
+            self._step_s += now - self._batch_start
+            self._steps += 1
+        self._warmup_done = True
+        self._mark = now
+        if self._steps >= self.measure_steps:
+            self._report(trainer)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._measuring:
+            self._mark = time.perf_counter()  # the wait after validation starts here
+        if not self._eval_checked:
+            self._eval_checked = True
+            self._remove_hooks()
+            if self._reported and self._eval_grad is not None:
+                extra = _advice.check_eval_grad(self._eval_grad)
+                self.findings += extra
+                if self.verbose:
+                    rank_zero_info(
+                        f"SpeedAdvisor: eval-grad: {extra[0].message} ({self._eval_grad})"
+                    )
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._eval_checked or self._eval_grad is not None or trainer.state.fn != "fit":
+            return
+        if torch.is_grad_enabled():
+            self._eval_grad = "grad mode was enabled at the end of validation_step"
+        elif any(t.requires_grad for t in _tensors(outputs)):
+            self._eval_grad = "validation_step returned a tensor that requires grad"
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._measuring and not self._reported:
+            self._report(trainer)  # the run had fewer steps than measure_steps
+
+    # --- end of fit: undo ------------------------------------------------------------------
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._restore()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        self._measuring = False
+        if self._cudnn_before is not None:
+            torch.backends.cudnn.benchmark = self._cudnn_before
+            self._cudnn_before = None
+        module = self._patched_module
+        if module is not None:
+            module.__dict__.pop("optimizer_zero_grad", None)
+            self._patched_module = None
+        self._remove_hooks()
+
+    # --- reporting -------------------------------------------------------------------------
+
+    def _report(self, trainer: pl.Trainer) -> None:
+        self._measuring = False
+        self._reported = True
+        module = trainer.lightning_module
+        self.measured_steps = self._steps
+        total = self._wait_s + self._step_s
+        self.data_wait_fraction = self._wait_s / total if self._steps and total > 0 else None
+        found = list(self._static)
+        found += _advice.check_data_wait(
+            self._wait_s, self._step_s, self._steps, self.data_wait_threshold
+        )
+        found += _advice.check_cudnn_benchmark(
+            module, torch.backends.cudnn.benchmark, _fixed_shapes(self._shapes), self._device
+        )
+        found += _advice.check_zero_grad(self._stale_param, self._stale_step)
+        found += _advice.check_eval_grad(self._eval_grad)
+        self.findings = sorted(found, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
+        self._remove_hooks()
+        if self.verbose and trainer.is_global_zero:
+            self.print_table()
+
+    def print_table(self, console: Any = None) -> None:
+        """Print :attr:`findings` (and the skipped checks) as a rich table, to stderr by default."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console(stderr=True)
+        table = Table(title=f"SpeedAdvisor: {len(self.findings)} finding(s)", show_lines=True)
+        table.add_column("severity", no_wrap=True)
+        table.add_column("id", no_wrap=True)
+        for column in ("finding", "evidence", "fix"):
+            table.add_column(column, overflow="fold")
+        for f in self.findings:
+            table.add_row(f.severity, f.id, f.message, f.evidence, f.fix)
+        console.print(table)
+        if self.skipped:
+            reasons = sorted(set(self.skipped.values()))
+            console.print(f"skipped {', '.join(sorted(self.skipped))}: {'; '.join(reasons)}")
+
+    def doctor_findings(self) -> list[Finding]:
+        """Return :attr:`findings` as the doctor's findings (component ``"advisor"``)."""
+        return [f.to_finding() for f in self.findings]
+
+    def doctor_figures(self) -> dict[str, Any]:
+        """Return ``{"advisor_findings": <number of findings>}`` for the doctor's run summary."""
+        return {"advisor_findings": len(self.findings)}
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _announce(self, name: str, what: str) -> None:
+        self.applied.append(name)
+        rank_zero_info(f"SpeedAdvisor applied {name}: {what}")
+
+    def _patch_zero_grad(self, pl_module: pl.LightningModule) -> None:
+        hook = pl_module.optimizer_zero_grad
+
+        def optimizer_zero_grad(epoch: int, batch_idx: int, optimizer: Any) -> None:
+            saved = optimizer.__dict__.get("zero_grad")
+            original = optimizer.zero_grad
+
+            def zero_grad(*args: Any, **kwargs: Any) -> None:
+                original(set_to_none=True)
+
+            optimizer.zero_grad = zero_grad
+            try:
+                hook(epoch, batch_idx, optimizer)
+            finally:
+                if saved is None:
+                    del optimizer.zero_grad
+                else:
+                    optimizer.zero_grad = saved
+
+        pl_module.__dict__["optimizer_zero_grad"] = optimizer_zero_grad
+        self._patched_module = pl_module
+
+    def _watch_validation(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Forward hooks on the model and its direct children until the first validation run
+        # ends (or the measurement does): one Python call per forward, no sync.
+        def check(module: torch.nn.Module, args: Any, output: Any) -> None:
+            validating = trainer.validating or trainer.sanity_checking
+            if validating and torch.is_grad_enabled() and self._eval_grad is None:
+                self._eval_grad = "grad mode was enabled in a forward during validation"
+
+        modules = [pl_module, *pl_module.children()]
+        self._handles = [m.register_forward_hook(check) for m in modules]
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def _train_loaders(trainer: pl.Trainer) -> list[tuple[str, DataLoader[Any]]]:
+    loaders = trainer.train_dataloader
+    if isinstance(loaders, DataLoader):
+        return [("train_dataloader", loaders)]
+    items: Sequence[tuple[Any, Any]] = []
+    if isinstance(loaders, Mapping):
+        items = list(loaders.items())
+    elif isinstance(loaders, Sequence):
+        items = list(enumerate(loaders))
+    return [(f"train_dataloader[{k!r}]", dl) for k, dl in items if isinstance(dl, DataLoader)]
+
+
+def _planned_epochs(trainer: pl.Trainer) -> int | None:
+    limits: list[int] = []
+    if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+        limits.append(trainer.max_epochs)
+    batches = trainer.num_training_batches
+    if trainer.max_steps >= 0 and batches not in (0, float("inf")):
+        optimizer_steps_per_epoch = max(1, int(batches) // trainer.accumulate_grad_batches)
+        limits.append(-(-trainer.max_steps // optimizer_steps_per_epoch))
+    return min(limits) if limits else None
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
+def _tensor_shapes(batch: Any) -> Iterator[tuple[int, ...]]:
+    for tensor in _tensors(batch):
+        yield tuple(tensor.shape)
+
+
+def _fixed_shapes(shapes: set[tuple[tuple[int, ...], ...]]) -> bool | None:
+    """True when all measured batches share per-sample shapes and at most two batch sizes."""
+    if not shapes:
+        return None
+    per_sample = {tuple(s[1:] for s in shape) for shape in shapes}
+    return len(per_sample) == 1 and len(shapes) <= 2
+
+
+def _doctor_advisor(_ctx: Any) -> Callback:
+    return SpeedAdvisor(verbose=False)
+
+
+register_diagnostic("advisor", SpeedAdvisor, factory=_doctor_advisor, order=50)

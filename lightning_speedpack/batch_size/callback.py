@@ -1,0 +1,507 @@
+"""The largest -- or the fastest -- batch size that fits, a multiple of 8, agreed by every rank."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from lightning_speedpack.batch_size.search import (
+    SizeSearch,
+    Trial,
+    format_trials,
+    free_memory,
+    next_throughput_size,
+    pick_fastest,
+)
+from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.lightning import (
+    Callback,
+    lightning_getattr,
+    lightning_hasattr,
+    lightning_setattr,
+    rank_zero_info,
+)
+from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.trials import (
+    StateSnapshot,
+    TrialRunner,
+    dataloader_source,
+    dataset_length,
+    logging_disabled,
+)
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = ["BatchSizeTuner", "BatchSizeTuningError"]
+
+Mode = Literal["max", "throughput"]
+_TENSOR_CORE_MULTIPLE = 8
+_MAX_REFINEMENTS = 8  # extra throughput measurements around the fastest size
+
+
+class BatchSizeTuningError(RuntimeError):
+    """The tuner cannot run on this model or found no batch size that fits."""
+
+
+class BatchSizeTuner(Callback):
+    """Set the batch size to the largest (or fastest) one that fits, a multiple of ``multiple_of``.
+
+    Tensor cores want batch sizes that are multiples of 8 and the guides say to fill device
+    memory. At the start of ``fit``, before any training, the tuner runs real training steps
+    (forward, backward, optimizer step) on real batches of the train dataloader, plus one
+    validation step when there is a val dataloader, at growing sizes: doubled until a size does not
+    fit, then a binary search between the last size that fit and the first that did not. Every
+    size tried is a multiple of ``multiple_of``. An out-of-memory error (``torch.OutOfMemoryError``
+    or a known CUDA/cuDNN/cuBLAS/CPU-allocator message) means "does not fit"; memory is freed and
+    the search goes on. Any other exception propagates unchanged.
+
+    - ``mode="max"`` keeps the largest size that fit, minus ``margin``, rounded down to
+      ``multiple_of``, verified by one more trial at that exact size.
+    - ``mode="throughput"`` also measures samples/s (compute only: transfer and step; the
+      median over the steps after a warm-up step) at every size that fits, measures a few more
+      sizes around the fastest one (bisecting towards the peak on both sides), and keeps the
+      fastest not above the ``"max"`` choice; sizes within 2% of the fastest count as tied and
+      the larger wins. On several ranks the samples/s are the mean over ranks.
+
+    Everything else is left as found: parameters and buffers (bit-identical), gradients, the
+    optimizer and LR-scheduler state, train/eval modes, the trainer's step and epoch, the other
+    callbacks (their hooks are not called by trials), loggers (``self.log`` is a no-op during
+    trials) and the torch, numpy and Python RNG states. Only the batch size changes -- on the
+    LightningModule, its ``hparams`` and/or the datamodule, wherever Lightning's
+    ``lightning_setattr`` finds ``attr_name`` -- so Lightning builds the dataloaders with it.
+    A dataset smaller than a candidate (per rank: its length over the world size) caps the search
+    at that length rounded down to ``multiple_of``. ``scale_lr=True`` also multiplies every
+    param group's learning rate (and the schedulers' base learning rates) by
+    ``chosen / original``.
+
+    After tuning, :attr:`batch_size` is the chosen size, :attr:`trials` the list of
+    ``(batch_size, fits, samples_per_sec)``, a table is printed on rank 0, and every logger gets
+    these hyperparameters:
+
+    ====================  =====================================================================
+    key                   value
+    ====================  =====================================================================
+    ``batch_size``        the batch size the run trains with
+    ``tuned_batch_size``  the size the tuner chose (differs from ``batch_size`` with ``dry_run``)
+    ====================  =====================================================================
+
+    Rank policy: runs on every rank; every rank tries the same sizes and the ranks agree through
+    one small ``trainer.strategy.reduce`` per trial on "fits on all ranks" (and "failed on some
+    rank"), so the chosen size is identical everywhere. Trials call the LightningModule's
+    ``training_step`` directly (not through the DDP wrapper), so a size that runs out of memory on
+    one rank only cannot leave the ranks in different collectives. Prints on rank 0 only.
+
+    Resuming: the chosen size is saved in the checkpoint (``state_dict``); fitting again from a
+    checkpoint applies it without new trials unless ``retune_on_resume=True``.
+
+    Supported: single-device and DDP strategies (``"ddp"``, ``"ddp_spawn"``) with automatic
+    optimization. GPU paths (``torch.cuda.OutOfMemoryError``, ``empty_cache``, the device
+    synchronisation around throughput timing) were exercised on the CPU only, through an injected
+    ``torch.OutOfMemoryError``. Under ``"ddp_spawn"`` the tuned size lives in the worker processes;
+    the main process's callback and model keep their old values.
+
+    Args:
+        mode: ``"max"`` (largest size that fits) or ``"throughput"`` (fastest per sample).
+        multiple_of: every size tried and chosen is a multiple of this.
+        init_val: the first size tried (rounded up to a multiple).
+        max_val: no size above this is tried.
+        steps_per_trial: training steps per trial (at least 2 in ``"throughput"`` mode: the
+            first is a warm-up).
+        margin: fraction in ``[0, 1)`` taken off the largest fitting size before rounding down.
+        attr_name: the batch-size attribute, looked up on the model, ``model.hparams`` and the
+            datamodule (Lightning's order).
+        scale_lr: scale the learning rates linearly with the batch size.
+        retune_on_resume: (keyword-only) tune again when resuming from a checkpoint that holds a
+            tuned size.
+        dry_run: (keyword-only) run the trials and report the choice, but keep the original
+            batch size and learning rate.
+        report_only: (keyword-only) run no trials; only record the batch size in use for the
+            doctor's report. This is how ``speedpack doctor`` attaches the tuner.
+        verbose: (keyword-only) print the trials table on rank 0.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: an argument is out of range.
+
+    Example:
+        >>> from pytorch_lightning import Trainer
+        >>> from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
+        >>> from torch.utils.data import DataLoader
+        >>> class Model(BoringModel):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.batch_size = 4
+        ...     def train_dataloader(self):
+        ...         return DataLoader(RandomDataset(32, 64), batch_size=self.batch_size)
+        >>> tuner = BatchSizeTuner(max_val=32, margin=0.0, verbose=False)
+        >>> trainer = Trainer(accelerator="cpu", max_steps=1, callbacks=[tuner], logger=False,
+        ...                   enable_checkpointing=False, enable_progress_bar=False,
+        ...                   enable_model_summary=False, limit_val_batches=0)
+        >>> trainer.fit(Model())
+        >>> tuner.batch_size, [t.batch_size for t in tuner.trials]
+        (32, [8, 16, 32])
+    """
+
+    def __init__(
+        self,
+        mode: Mode = "max",
+        multiple_of: int = 8,
+        init_val: int = 8,
+        max_val: int = 8192,
+        steps_per_trial: int = 3,
+        margin: float = 0.05,
+        attr_name: str = "batch_size",
+        scale_lr: bool = False,
+        *,
+        retune_on_resume: bool = False,
+        dry_run: bool = False,
+        report_only: bool = False,
+        verbose: bool = True,
+    ) -> None:
+        _check_arguments(
+            mode=mode,
+            multiple_of=multiple_of,
+            init_val=init_val,
+            max_val=max_val,
+            steps_per_trial=steps_per_trial,
+            margin=margin,
+            attr_name=attr_name,
+            flags={
+                "scale_lr": scale_lr,
+                "retune_on_resume": retune_on_resume,
+                "dry_run": dry_run,
+                "report_only": report_only,
+                "verbose": verbose,
+            },
+        )
+        self.mode: Mode = mode
+        self.multiple_of = multiple_of
+        self.init_val = init_val
+        self.max_val = max_val
+        self.steps_per_trial = steps_per_trial
+        self.margin = float(margin)
+        self.attr_name = attr_name
+        self.scale_lr = scale_lr
+        self.retune_on_resume = retune_on_resume
+        self.dry_run = dry_run
+        self.report_only = report_only
+        self.verbose = verbose
+        self.batch_size: int | None = None
+        self.trials: list[Trial] = []
+        self.tuned = False
+        self._restored = False
+        self._original: int | None = None
+        self._in_use: int | None = None
+        self._on_gpu = False
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(mode=self.mode, attr_name=self.attr_name)
+
+    # ------------------------------------------------------------------ hooks
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._in_use = None
+        self._on_gpu = trainer.strategy.root_device.type == "cuda"
+        resuming, self._restored = self._restored and trainer.ckpt_path is not None, False
+        if self.report_only:
+            return
+        if getattr(trainer, "fast_dev_run", False):
+            rank_zero_info("BatchSizeTuner: skipped because `fast_dev_run` is enabled.")
+            return
+        if resuming and self.tuned and not self.retune_on_resume:
+            if self.batch_size is not None and not self.dry_run:
+                _batch_size_holder_check(pl_module, self.attr_name)
+                lightning_setattr(pl_module, self.attr_name, self.batch_size)
+                rank_zero_info(
+                    f"BatchSizeTuner: resuming with the tuned batch size {self.batch_size} "
+                    "(pass `retune_on_resume=True` to tune again)."
+                )
+            return
+        self._tune(trainer, pl_module)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        size = getattr(trainer.train_dataloader, "batch_size", None)
+        self._in_use = size if isinstance(size, int) else None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._in_use is None and batch_idx == 0:  # a custom batch sampler: read the batch
+            with suppress(BatchSizeError):
+                self._in_use = infer_batch_size(batch)  # shape only, no device sync
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "tuned": self.tuned,
+            "original_batch_size": self._original,
+            # plain lists: checkpoints load with `weights_only=True`
+            "trials": [[t.batch_size, t.fits, t.samples_per_sec] for t in self.trials],
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.batch_size = state_dict.get("batch_size")
+        self.tuned = bool(state_dict.get("tuned", False))
+        self._original = state_dict.get("original_batch_size")
+        self.trials = [Trial(int(b), bool(f), s) for b, f, s in state_dict.get("trials", [])]
+        self._restored = True
+
+    # ----------------------------------------------------------------- doctor
+
+    def doctor_findings(self) -> list[Finding]:
+        """Findings: a batch size that is not a multiple of 8, and the trials table."""
+        findings: list[Finding] = []
+        size = self._in_use
+        if size is not None and size % _TENSOR_CORE_MULTIPLE:
+            suggestion = max(_TENSOR_CORE_MULTIPLE, size - size % _TENSOR_CORE_MULTIPLE)
+            findings.append(
+                Finding(
+                    "batch_size",
+                    "batch-size-multiple",
+                    f"the batch size {size} is not a multiple of {_TENSOR_CORE_MULTIPLE}; "
+                    "tensor cores run fp16/bf16 matrix products fastest on multiples of 8",
+                    figures={"batch_size": size, "suggested_batch_size": suggestion},
+                    severity="warning" if self._on_gpu else "info",
+                    fix=f"use batch size {suggestion} (or {suggestion + _TENSOR_CORE_MULTIPLE}), "
+                    "or add "
+                    "`BatchSizeTuner()` to pick the largest multiple of 8 that fits",
+                )
+            )
+        if self.trials:
+            chosen = self.batch_size
+            action = "would choose" if self.dry_run else "chose"
+            findings.append(
+                Finding(
+                    "batch_size",
+                    "batch-size-trials",
+                    f"BatchSizeTuner (mode={self.mode!r}) {action} batch size {chosen} after "
+                    f"{len(self.trials)} trials:\n{format_trials(self.trials, chosen)}",
+                    figures={
+                        "tuned_batch_size": chosen,
+                        "trials": [[t.batch_size, t.fits, t.samples_per_sec] for t in self.trials],
+                    },
+                    severity="info",
+                )
+            )
+        return findings
+
+    def doctor_figures(self) -> dict[str, Any]:
+        """Whole-run figures: ``batch_size`` in use (and ``tuned_batch_size`` when trials ran)."""
+        figures: dict[str, Any] = {"batch_size": self._in_use}
+        if self.trials:
+            figures["tuned_batch_size"] = self.batch_size
+        return figures
+
+    # ----------------------------------------------------------------- tuning
+
+    def _tune(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        _check_supported(trainer, pl_module, self.attr_name)
+        original = int(lightning_getattr(pl_module, self.attr_name))  # type: ignore[arg-type]
+        source = dataloader_source(trainer, pl_module, "BatchSizeTuner", BatchSizeTuningError)
+        snapshot = StateSnapshot.take(
+            trainer, pl_module
+        )  # before any dataloader draws random numbers
+        final = original
+        try:
+            cap = dataset_length(source.train_dataloader())
+            if cap is not None:  # each rank trains on its shard of the dataset
+                cap //= trainer.world_size
+            try:
+                search = SizeSearch(self.init_val, self.max_val, self.multiple_of, self.margin, cap)
+            except ValueError as err:
+                raise BatchSizeTuningError(f"BatchSizeTuner: {err}") from None
+            with logging_disabled(pl_module):
+                run = TrialRunner(
+                    trainer,
+                    pl_module,
+                    source,
+                    self.steps_per_trial,
+                    owner="BatchSizeTuner",
+                    error_type=BatchSizeTuningError,
+                )
+                while (size := search.next_size()) is not None:
+                    lightning_setattr(pl_module, self.attr_name, size)
+                    fits, speed = run(size)
+                    search.record(size, fits, speed)
+                    snapshot.restore_grads()
+                if search.result is not None and self.mode == "throughput":
+                    self._refine(search, run)
+            trials, chosen = self._choose(search)
+            self.trials, self.batch_size, self.tuned = trials, chosen, True
+            self._original = original
+            if not self.dry_run:
+                final = chosen
+        finally:
+            snapshot.restore()
+            lightning_setattr(pl_module, self.attr_name, final)
+            free_memory()
+        if self.scale_lr and final != original:
+            _scale_learning_rates(trainer, final / original)
+        self._announce(trainer, original)
+
+    def _refine(self, search: SizeSearch, run: TrialRunner) -> None:
+        """Measure more sizes around the fastest one (sizes are agreed, so ranks stay in step)."""
+        assert search.result is not None
+        for _ in range(_MAX_REFINEMENTS):
+            size = next_throughput_size(search.trials, search.result, self.multiple_of)
+            if size is None:
+                return
+            lightning_setattr(run.module, self.attr_name, size)
+            fits, speed = run(size)
+            search.trials.append(Trial(size, fits, speed if fits else None))
+
+    def _choose(self, search: SizeSearch) -> tuple[list[Trial], int]:
+        if search.result is None:
+            raise BatchSizeTuningError(
+                f"BatchSizeTuner: not even a batch of `multiple_of`={self.multiple_of} samples "
+                f"fits in memory (tried {[t.batch_size for t in search.trials]}); lower "
+                "`multiple_of`, make the model smaller or use mixed precision"
+            )
+        trials = search.trials
+        if self.mode == "max":
+            return trials, search.result
+        fastest = pick_fastest(trials, limit=search.result)
+        return trials, search.result if fastest is None else fastest
+
+    def _announce(self, trainer: pl.Trainer, original: int) -> None:
+        chosen = self.batch_size
+        in_use = original if self.dry_run else chosen
+        for logger in trainer.loggers:
+            logger.log_hyperparams({"batch_size": in_use, "tuned_batch_size": chosen})
+        verb = "would use" if self.dry_run else "uses"
+        rank_zero_info(
+            f"BatchSizeTuner: {verb} batch size {chosen} (was {original}; mode={self.mode!r}, "
+            f"{len(self.trials)} trials)."
+        )
+        if self.verbose and trainer.is_global_zero:
+            _print_table(self.trials, chosen, self.mode)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _check_arguments(
+    *,
+    mode: Any,
+    multiple_of: Any,
+    init_val: Any,
+    max_val: Any,
+    steps_per_trial: Any,
+    margin: Any,
+    attr_name: Any,
+    flags: dict[str, Any],
+) -> None:
+    def positive_int(name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"`{name}` must be an int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"`{name}` must be a positive int, got {value}")
+
+    if mode not in ("max", "throughput"):
+        raise ValueError(f"`mode` must be 'max' or 'throughput', got {mode!r}")
+    for name, value in (
+        ("multiple_of", multiple_of),
+        ("init_val", init_val),
+        ("max_val", max_val),
+        ("steps_per_trial", steps_per_trial),
+    ):
+        positive_int(name, value)
+    if max_val < multiple_of:
+        raise ValueError(f"`max_val` ({max_val}) must be >= `multiple_of` ({multiple_of})")
+    if mode == "throughput" and steps_per_trial < 2:
+        raise ValueError(
+            f"`steps_per_trial` must be >= 2 in 'throughput' mode (one warm-up step), "
+            f"got {steps_per_trial}"
+        )
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)):
+        raise TypeError(f"`margin` must be a float, got {type(margin).__name__} {margin!r}")
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"`margin` must be in [0, 1), got {margin}")
+    if not isinstance(attr_name, str) or not attr_name:
+        raise TypeError(f"`attr_name` must be a non-empty str, got {attr_name!r}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"`{name}` must be a bool, got {type(value).__name__} {value!r}")
+
+
+def _batch_size_holder_check(pl_module: pl.LightningModule, attr: str) -> None:
+    if not lightning_hasattr(pl_module, attr):
+        raise BatchSizeTuningError(
+            f"BatchSizeTuner: no batch-size attribute `{attr}` found; looked at `model.{attr}`, "
+            f"`model.hparams[{attr!r}]`, `datamodule.{attr}` and `datamodule.hparams[{attr!r}]`. "
+            "Build the dataloaders from such an attribute or pass `attr_name=`"
+        )
+
+
+def _check_supported(trainer: pl.Trainer, pl_module: pl.LightningModule, attr: str) -> None:
+    _batch_size_holder_check(pl_module, attr)
+    if not pl_module.automatic_optimization:
+        raise BatchSizeTuningError(
+            "BatchSizeTuner supports automatic optimization only (the trials run the optimizer "
+            "step themselves)"
+        )
+    model = trainer.strategy.model
+    if model is not pl_module and not isinstance(model, DistributedDataParallel):
+        raise BatchSizeTuningError(
+            f"BatchSizeTuner supports single-device and DDP strategies, not "
+            f"{type(trainer.strategy).__name__}"
+        )
+    if len(trainer.optimizers) != 1:
+        raise BatchSizeTuningError(
+            f"BatchSizeTuner needs exactly one optimizer, found {len(trainer.optimizers)}"
+        )
+
+
+def _scale_learning_rates(trainer: pl.Trainer, ratio: float) -> None:
+    def scaled(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.mul_(ratio)
+        return value * ratio
+
+    for optimizer in trainer.optimizers:
+        for group in optimizer.param_groups:
+            for key in ("lr", "initial_lr"):
+                if key in group:
+                    group[key] = scaled(group[key])
+    for config in trainer.lr_scheduler_configs:
+        base = getattr(config.scheduler, "base_lrs", None)
+        if isinstance(base, list):
+            config.scheduler.base_lrs = [scaled(lr) for lr in base]
+    rank_zero_info(f"BatchSizeTuner: scaled the learning rates by {ratio:g}.")
+
+
+def _print_table(trials: Sequence[Trial], chosen: int | None, mode: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"BatchSizeTuner (mode={mode!r})")
+    for column in ("batch size", "fits", "samples/s"):
+        table.add_column(column, justify="right")
+    for t in trials:
+        mark = " <- chosen" if t.batch_size == chosen and t.fits else ""
+        speed = "-" if t.samples_per_sec is None else f"{t.samples_per_sec:.1f}"
+        table.add_row(f"{t.batch_size}{mark}", "yes" if t.fits else "no", speed)
+    Console(stderr=True).print(table)
+
+
+def _doctor_factory(_ctx: Any) -> Callback:
+    # Under the doctor the tuner must not change the user's run: it only records the batch size
+    # in use. A BatchSizeTuner the script added itself is reused, and its trials are reported.
+    return BatchSizeTuner(report_only=True, verbose=False)
+
+
+register_diagnostic("batch_size", BatchSizeTuner, factory=_doctor_factory, order=40)

@@ -1,0 +1,174 @@
+"""The Lightning namespace layer: the one module that knows there are two Lightnings.
+
+Lightning ships the same trainer under two import names, ``pytorch_lightning`` (the
+``pytorch-lightning`` package) and ``lightning.pytorch`` (the ``lightning`` package). Their
+classes are distinct: ``lightning.pytorch.Callback`` is not ``pytorch_lightning.Callback``, and
+each Trainer accepts only callbacks, loggers and strategies of its own namespace. Every tool of
+the pack asks this module for Lightning types instead of importing one namespace, so each
+feature works for both, in the same process, with either one or both installed.
+
+- :data:`Callback` is a real subclass of the ``Callback`` of every installed namespace, so the
+  pack's callbacks pass ``isinstance`` checks (and LightningCLI's config parser) in each.
+- :func:`classes` gives, for a dotted name such as ``"loggers.WandbLogger"``, the tuple of that
+  class in every installed namespace, for ``isinstance`` checks that accept both.
+- :func:`namespace_of` tells which namespace an object (a Trainer, a module) belongs to, for the
+  few utilities that must come from the object's own namespace.
+
+Only installed namespaces are imported, and only when a Lightning type is first needed:
+``import lightning_speedpack.data`` imports neither.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+
+__all__ = [
+    "NAMESPACES",
+    "Callback",
+    "classes",
+    "combined_loader",
+    "installed_namespaces",
+    "is_overridden",
+    "lightning_getattr",
+    "lightning_hasattr",
+    "lightning_setattr",
+    "namespace_of",
+    "namespaces",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+]
+
+#: Every namespace the pack serves, in order of preference for namespace-free utilities.
+NAMESPACES = ("pytorch_lightning", "lightning.pytorch")
+
+
+def _installed(name: str) -> bool:
+    """Whether ``name`` can be imported, without importing it (or its parent package)."""
+    top, _, rest = name.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if not rest:
+        return True
+    # `find_spec("lightning.pytorch")` would import `lightning`, which imports everything.
+    return any(
+        (Path(location, *rest.split(".")) / "__init__.py").is_file()
+        for location in spec.submodule_search_locations or ()
+    )
+
+
+@functools.cache
+def installed_namespaces() -> tuple[str, ...]:
+    """Return the Lightning namespaces that are installed, ``pytorch_lightning`` first.
+
+    Raises:
+        ModuleNotFoundError: neither ``pytorch-lightning`` nor ``lightning`` is installed.
+    """
+    found = tuple(n for n in NAMESPACES if _installed(n))
+    if not found:
+        raise ModuleNotFoundError(
+            "lightning-speedpack needs PyTorch Lightning: `pip install pytorch-lightning` "
+            "(or `pip install lightning`)"
+        )
+    return found
+
+
+def namespaces() -> tuple[ModuleType, ...]:
+    """Return the installed namespace modules (imported on first call), preferred first."""
+    return tuple(importlib.import_module(n) for n in installed_namespaces())
+
+
+@functools.cache
+def classes(dotted: str) -> tuple[type[Any], ...]:
+    """Return the class ``dotted`` (e.g. ``"loggers.WandbLogger"``) of every installed namespace.
+
+    A namespace that lacks the class (an older release) is skipped. Use it for ``isinstance``
+    checks that must accept objects of either namespace.
+
+    Example:
+        >>> [c.__module__.split(".")[0] for c in classes("Trainer")][:1]
+        ['pytorch_lightning']
+    """
+    module_path, _, name = dotted.rpartition(".")
+    found: list[type[Any]] = []
+    for namespace in installed_namespaces():
+        full = f"{namespace}.{module_path}" if module_path else namespace
+        try:
+            found.append(getattr(importlib.import_module(full), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def namespace_of(obj: object) -> ModuleType:
+    """Return the namespace module (``pytorch_lightning`` or ``lightning.pytorch``) of ``obj``.
+
+    ``obj`` may be an instance or a class; the first Lightning class in its MRO decides. An
+    object of neither namespace (a plain ``nn.Module``) gets the preferred installed namespace.
+    """
+    cls = obj if isinstance(obj, type) else type(obj)
+    for base in cls.__mro__:
+        module = base.__module__
+        for namespace in installed_namespaces():
+            if module == namespace or module.startswith(namespace + "."):
+                return importlib.import_module(namespace)
+    return namespaces()[0]
+
+
+def is_overridden(method_name: str, instance: object) -> bool:
+    """Lightning's ``is_overridden`` for a LightningModule or DataModule of either namespace."""
+    namespace = namespace_of(instance)
+    helpers = importlib.import_module(f"{namespace.__name__}.utilities.model_helpers")
+    return bool(helpers.is_overridden(method_name, instance))
+
+
+def _preferred(module: str) -> ModuleType:
+    """``module`` (e.g. ``"utilities.parsing"``) of the preferred installed namespace."""
+    return importlib.import_module(f"{installed_namespaces()[0]}.{module}")
+
+
+def lightning_hasattr(model: Any, attribute: str) -> bool:
+    """Lightning's ``lightning_hasattr``: the model, its ``hparams`` or the datamodule has it."""
+    # The helpers are duck-typed (they only read attributes), so either namespace's will do.
+    return bool(_preferred("utilities.parsing").lightning_hasattr(model, attribute))
+
+
+def lightning_getattr(model: Any, attribute: str) -> Any:
+    """Lightning's ``lightning_getattr``, for a module of either namespace."""
+    return _preferred("utilities.parsing").lightning_getattr(model, attribute)
+
+
+def lightning_setattr(model: Any, attribute: str, value: Any) -> None:
+    """Lightning's ``lightning_setattr``, for a module of either namespace."""
+    _preferred("utilities.parsing").lightning_setattr(model, attribute, value)
+
+
+def combined_loader(loaders: Any, mode: str = "max_size_cycle") -> Any:
+    """Lightning's ``CombinedLoader`` over ``loaders`` (it does not depend on the Trainer)."""
+    return _preferred("utilities").CombinedLoader(loaders, mode)
+
+
+def _callback_base() -> type[Any]:
+    bases = classes("Callback")
+    if len(bases) == 1:
+        return bases[0]
+    # One class whose MRO holds every namespace's Callback (all plain classes with the same
+    # no-op hooks), so `isinstance(cb, <either>.Callback)` is true and pickling is by one name.
+    return type("Callback", bases, {"__module__": __name__, "__qualname__": "Callback"})
+
+
+if TYPE_CHECKING:
+    from pytorch_lightning import Callback
+else:
+    Callback = _callback_base()

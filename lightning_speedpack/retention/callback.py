@@ -1,0 +1,563 @@
+"""Find tensors kept alive with their autograd graph from an earlier step; name who holds them."""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+import weakref
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.lightning import Callback, rank_zero_warn
+from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.retention import holders as retention
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = [
+    "LossRetentionDetector",
+    "RetainedGraph",
+    "RetainedGraphError",
+    "RetainedGraphWarning",
+]
+
+_SAMPLED_GRAPHS = 8  # graphs per holder whose saved tensors are weighed
+_NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per level)
+_EXTRA_PATH = "training_step()"
+_ONE_GRAPH_BYTES = 1 << 20  # a single retained graph is reported at once from this size on
+_TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
+_GLOBALS_REFRESH = 32  # batches between re-reading which globals and attributes to look at
+
+
+class RetainedGraphError(RuntimeError):
+    """Raised in ``mode="error"`` when something keeps graphs from earlier steps alive."""
+
+
+class RetainedGraphWarning(UserWarning):
+    """Warned in ``mode="warn"``: once per holder, and once per graph-carrying returned key."""
+
+
+@dataclass
+class RetainedGraph:
+    """One holder of tensors that keep an autograd graph from an earlier step alive.
+
+    Attributes:
+        path: the holder, e.g. ``model.losses``, ``model.hist["aux"]``,
+            ``my_script.GLOBAL_LOSSES`` or ``training_step()["aux"]`` for a returned key.
+        step_first_seen: the training batch (0-based, counted over the fit) of the check that
+            first found it.
+        count: graph-carrying tensors from earlier steps it held at the last check.
+        backpropagated: ``True`` when ``backward`` already ran through the graphs (only the
+            graph nodes are kept, ~KiB per step); ``False`` when it never did, so every saved
+            activation is kept too.
+        est_bytes: bytes of saved tensors (activations) the graphs keep alive, estimated from
+            up to 8 of them; parameters are not counted.
+        example_grad_fn: the ``grad_fn`` name of one retained tensor, e.g. ``"MeanBackward0"``.
+        example_path: one retained tensor's full path, e.g. ``model.losses[17]``.
+    """
+
+    path: str
+    step_first_seen: int
+    count: int
+    backpropagated: bool
+    est_bytes: int
+    example_grad_fn: str
+    example_path: str = ""
+
+    @property
+    def severity(self) -> Literal["warning", "error"]:
+        """``"error"`` when activations are retained (never back-propagated), else ``"warning"``."""
+        return "warning" if self.backpropagated else "error"
+
+    def describe(self) -> str:
+        """A one-paragraph message naming the holder, what it keeps, and the fix."""
+        if self.path.startswith(_EXTRA_PATH):
+            kept = (
+                "its graph nodes"
+                if self.backpropagated
+                else f"~{_size(self.est_bytes)} of saved activations"
+            )
+            return (
+                f"{self.path} returned from training_step still carries a grad_fn "
+                f"({self.example_grad_fn}); Lightning passes the keys other than 'loss' to "
+                f"on_train_batch_end without detaching them, so whatever stores the outputs "
+                f"keeps {kept} per step. Fix: return `.detach()`ed values."
+            )
+        what = (
+            "graph nodes (back-propagated)"
+            if self.backpropagated
+            else f"never back-propagated graphs with ~{_size(self.est_bytes)} of saved activations"
+        )
+        return (
+            f"{self.path} holds {self.count} tensor(s) with autograd graphs from earlier steps "
+            f"(first found at batch {self.step_first_seen}, e.g. {self.example_path or self.path}: "
+            f"{self.example_grad_fn}): {what}; one more per step it keeps. {self.fix()}"
+        )
+
+    def fix(self) -> str:
+        """The fix to apply."""
+        return (
+            "Store `loss.detach()` (or `loss.item()` for a Python number) instead of the tensor, "
+            "and clear the container at epoch end."
+        )
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+class LossRetentionDetector(Callback):
+    """Find tensors kept alive with their autograd graph across steps, and name who holds them.
+
+    ``losses.append(loss)`` instead of ``losses.append(loss.item())`` keeps each step's graph
+    alive; a tensor that was never back-propagated (an auxiliary loss, a metric computed with
+    grad enabled, an extra key returned from ``training_step``) keeps every saved activation
+    too. Use it when memory grows during training, or always: the per-step check is cheap.
+
+    How: graphs are tagged with the batch they were created in (``grad_fn.metadata``, from
+    ``on_before_backward`` and the returned outputs). Every ``check_every_n_steps`` batches
+    the attributes of the LightningModule, the datamodule and the other callbacks, and the
+    module-level containers of the module that defines the LightningModule, are walked
+    (lists, dicts, tuples, deques, closures, up to ``max_depth`` levels) for graph-carrying
+    tensors from earlier batches. Every
+    ``deep_scan_every_n_steps`` batches, at the end of training, and when a returned tensor
+    outlives its step or CUDA memory grows, the whole heap is scanned and each unexplained
+    tensor is named by a referrer search (``my_script.GLOBAL_LOSSES[0]``, a closure, ...).
+    Graphs alive before training starts are not this fit's (one heap pass at train start marks
+    them). Only weak references are kept: the detector never extends a tensor's life.
+
+    Findings (``findings``, and the doctor's report): one :class:`RetainedGraph` per holder.
+    Never back-propagated graphs are error-level (activations retained, with an estimate of
+    their bytes from the saved tensors); back-propagated ones are warnings about growth. A
+    holder is reported once it keeps graphs from two earlier steps, or one graph keeping at
+    least 1 MiB of activations; so a "last loss" attribute or a small constant computed once
+    is not, and neither are graphs kept within the step they were made in.
+
+    Rank policy: runs on every rank; warnings print on rank 0 only; in ``mode="error"`` each
+    rank raises on its own (leaks come from code, so all ranks find the same one).
+
+    GPU: the CUDA memory-growth trigger (``torch.cuda.memory_allocated``, no synchronisation)
+    was only exercised on the CPU through injection.
+
+    Args:
+        mode: ``"warn"`` (one :class:`RetainedGraphWarning` per holder) or ``"error"`` (raise
+            :class:`RetainedGraphError` naming the holder).
+        check_every_n_steps: run the cheap forward walk every this many training batches.
+        deep_scan_every_n_steps: scan the heap every this many batches (``0``: only at the end
+            of training and on triggers). Scheduled and triggered scans are postponed while
+            they would take more than 1% of the wall time since the previous one.
+        max_depth: container levels the forward walk descends.
+
+    Raises:
+        ValueError: an argument is out of range.
+        TypeError: an argument has the wrong type.
+
+    Example:
+        >>> import warnings
+        >>> from pytorch_lightning import Trainer
+        >>> from pytorch_lightning.demos.boring_classes import BoringModel
+        >>> class Leaky(BoringModel):
+        ...     def on_train_start(self):
+        ...         self.losses = []
+        ...     def training_step(self, batch, batch_idx):
+        ...         out = super().training_step(batch, batch_idx)
+        ...         self.losses.append(out["loss"])  # forgot .detach()
+        ...         return out
+        >>> detector = LossRetentionDetector(mode="warn")
+        >>> trainer = Trainer(max_steps=4, callbacks=[detector], logger=False,
+        ...                   enable_checkpointing=False, enable_progress_bar=False,
+        ...                   enable_model_summary=False)
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     trainer.fit(Leaky())
+        >>> [(f.path, f.count, f.backpropagated) for f in detector.findings]
+        [('model.losses', 3, True)]
+    """
+
+    _scan_budget: float | None = 0.01
+    """Largest fraction of wall time the scheduled and triggered heap scans may take."""
+
+    def __init__(
+        self,
+        mode: Literal["warn", "error"] = "warn",
+        check_every_n_steps: int = 1,
+        deep_scan_every_n_steps: int = 100,
+        max_depth: int = 4,
+    ) -> None:
+        if mode not in ("warn", "error"):
+            raise ValueError(f"`mode` must be 'warn' or 'error', got {mode!r}")
+        for name, value, low in (
+            ("check_every_n_steps", check_every_n_steps, 1),
+            ("deep_scan_every_n_steps", deep_scan_every_n_steps, 0),
+            ("max_depth", max_depth, 1),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
+            if value < low:
+                kind = "a positive int" if low else "a non-negative int"
+                raise ValueError(f"`{name}` must be {kind}, got {value}")
+        self.mode = mode
+        self.check_every_n_steps = check_every_n_steps
+        self.deep_scan_every_n_steps = deep_scan_every_n_steps
+        self.max_depth = max_depth
+        self._reset()
+
+    def _reset(self) -> None:
+        self._batch = -1
+        self._run = retention.new_run_token()
+        self._holders: dict[str, RetainedGraph] = {}
+        self._reported: set[str] = set()
+        self._retained_graphs = 0
+        self._extra_refs: list[weakref.ref[Tensor]] = []
+        self._learned_modules: set[str] = set()
+        self._learned_functions: list[weakref.ref[types.FunctionType]] = []
+        self._memory_baseline: int | None = None
+        self._last_deep_scan = 0
+        self._scans = 0
+        self._scan_seconds = 0.0
+        self._scan_done_at = 0.0
+        self._global_names: dict[str, tuple[str, ...]] = {}
+        self._globals_refresh = 0
+        self._module_cache: retention.ModuleCache = {}
+
+    @property
+    def findings(self) -> list[RetainedGraph]:
+        """The holders reported so far in the current (or last) fit, in the order found."""
+        return [self._holders[path] for path in self._holders if path in self._reported]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_extra_refs"] = []  # weak references do not pickle
+        state["_learned_functions"] = []
+        return state
+
+    # ------------------------------------------------------------------ hooks
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset()
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Graphs alive before training are not this fit's leaks (one heap pass per fit).
+        started = time.perf_counter()
+        retention.mark_foreign(retention.heap_graph_tensors())
+        self._scan_done_at = time.perf_counter()
+        self._scan_seconds = self._scan_done_at - started
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch += 1
+
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
+    ) -> None:
+        retention.tag_graph(loss, self._batch, self._run, backward=True)
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        step = self._batch
+        # a returned tensor that outlived its step is held somewhere: look (rate-limited)
+        outlived = any(ref() is not None for ref in self._extra_refs) and (
+            self._scans == 0 or step - self._last_deep_scan >= _TRIGGER_GAP
+        )
+        self._extra_refs = []
+        if isinstance(outputs, Mapping):
+            self._check_outputs(outputs, step)
+        scheduled = (
+            self.deep_scan_every_n_steps > 0
+            and step - self._last_deep_scan >= self.deep_scan_every_n_steps
+        )
+        deep = (outlived or self._memory_grew(pl_module) or scheduled) and self._affordable()
+        if deep or step % self.check_every_n_steps == 0:
+            self._check(trainer, pl_module, step, deep=deep)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._batch >= 0 and self._last_deep_scan != self._batch:
+            self._check(trainer, pl_module, self._batch, deep=True)
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_outputs(self, outputs: Mapping[Any, Any], step: int) -> None:
+        # Lightning detaches "loss" but passes the other keys as training_step returned them.
+        extras = {k: v for k, v in outputs.items() if k != "loss"}
+        if not extras:
+            return
+        for path, tensor in retention.walk_containers(
+            [(_EXTRA_PATH, extras)], max_depth=self.max_depth + 1
+        ):
+            retention.tag_graph(tensor, step, self._run)
+            self._extra_refs.append(weakref.ref(tensor))
+            if path in self._holders:
+                continue
+            info = retention.inspect_graphs([tensor])
+            self._report(
+                RetainedGraph(
+                    path=path,
+                    step_first_seen=step,
+                    count=1,
+                    backpropagated=info.backpropagated,
+                    est_bytes=info.est_bytes,
+                    example_grad_fn=info.example_grad_fn,
+                    example_path=path,
+                ),
+                raise_error=False,
+            )
+
+    def _roots(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[tuple[str, Any]]:
+        roots: list[tuple[str, Any]] = [("model", pl_module)]
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None:
+            roots.append(("datamodule", datamodule))
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]
+            if callback is not self:
+                roots.append((type(callback).__name__, callback))
+        if self._batch >= self._globals_refresh:  # names only: values are read every time
+            self._globals_refresh = self._batch + _GLOBALS_REFRESH
+            self._module_cache.clear()  # see attributes added since
+            self._global_names = {
+                name: retention.container_globals(module)
+                for name in {type(pl_module).__module__, *self._learned_modules}
+                if (module := sys.modules.get(name)) is not None
+            }
+        for name, names in self._global_names.items():
+            root = retention.module_globals_root(sys.modules.get(name), names)
+            if root is not None:
+                roots.append(root)
+        for ref in self._learned_functions:
+            fn = ref()
+            if fn is not None:
+                module = sys.modules.get(fn.__module__ or "")
+                name = f"{retention.module_display_name(module)}.{fn.__qualname__}"
+                roots.append((name, fn))
+        return roots
+
+    def _check(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, deep: bool
+    ) -> None:
+        groups = self._walk(trainer, pl_module, step, fresh=deep)
+        if deep:
+            started = time.perf_counter()
+            self._last_deep_scan = step
+            self._scans += 1
+            named = self._name_unexplained(trainer, pl_module, step, groups)
+            self._scan_done_at = time.perf_counter()
+            self._scan_seconds = self._scan_done_at - started
+            if named is not None:
+                groups = self._walk(trainer, pl_module, step, fresh=True)  # new roots, counted
+                for path, ref in named:  # named from the model or a callback, past max_depth
+                    refs = groups.setdefault(retention.holder_of(path), [])
+                    if all(r is not ref and r() is not ref() for _, r in refs):
+                        refs.append((path, ref))
+        retained: set[int] = set()
+        for holder, refs in groups.items():
+            retained.update(id(t) for _, ref in refs if (t := ref()) is not None)
+            self._update(holder, refs, step)
+        self._retained_graphs = len(retained)
+
+    def _walk(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, fresh: bool = False
+    ) -> dict[str, list[tuple[str, weakref.ref[Tensor]]]]:
+        groups: dict[str, list[tuple[str, weakref.ref[Tensor]]]] = {}
+        for path, tensor in retention.walk_containers(
+            self._roots(trainer, pl_module),
+            self.max_depth,
+            skip=(trainer, self),
+            module_cache=None if fresh else self._module_cache,
+            sample_long=not fresh,  # deep checks (rare) count every item exactly
+        ):
+            if retention.is_retained(tensor, step, self._run):
+                groups.setdefault(retention.holder_of(path), []).append((path, weakref.ref(tensor)))
+        return groups
+
+    def _name_unexplained(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        step: int,
+        groups: Mapping[str, list[tuple[str, weakref.ref[Tensor]]]],
+    ) -> list[tuple[str, weakref.ref[Tensor]]] | None:
+        """Heap-scan for retained graphs the walk did not explain; name a few by referrers.
+
+        Returns the tensors named under the model or a callback (the walk did not reach them),
+        or ``None`` when nothing was named. Roots learned (a module's globals, a closure) are
+        walked from then on, so each holder costs one referrer search per fit.
+        """
+        explained = {
+            id(t) for refs in groups.values() for _, ref in refs if (t := ref()) is not None
+        }
+        remaining = [
+            weakref.ref(t)
+            for t in retention.heap_graph_tensors()
+            if id(t) not in explained
+            and retention.is_retained(t, step, self._run)
+            and not retention.is_unnameable(t)
+        ]
+        if not remaining:
+            return None
+        names = {id(pl_module): "model", id(trainer): "trainer"}
+        names.update((id(cb), type(cb).__name__) for cb in trainer.callbacks)  # type: ignore[attr-defined]
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None:
+            names[id(datamodule)] = "datamodule"
+        named: list[tuple[str, weakref.ref[Tensor]]] = []
+        searches = 0
+        while remaining and searches < _NAMED_PER_SCAN:
+            ref = remaining.pop(0)
+            tensor = ref()
+            if tensor is None:
+                continue
+            searches += 1
+            found = retention.referrer_path(tensor, names, ignore=(remaining,))
+            if found is None:
+                retention.mark_unnameable(tensor)  # never searched again
+                del tensor
+                continue
+            del tensor
+            named.append((found.path, ref))
+            root = self._learn(found.root)
+            if root is not None:  # drop what the new root explains: one search per holder
+                held = {id(t) for _, t in retention.walk_containers([root], self.max_depth)}
+                remaining = [r for r in remaining if id(r()) not in held]
+        return named or None
+
+    def _learn(self, root: Any) -> tuple[str, Any] | None:
+        if isinstance(root, types.ModuleType):
+            self._learned_modules.add(root.__name__)
+            self._globals_refresh = 0
+            return retention.module_globals_root(root)
+        if isinstance(root, types.FunctionType):
+            self._learned_functions.append(weakref.ref(root))
+            module = sys.modules.get(root.__module__ or "")
+            return f"{retention.module_display_name(module)}.{root.__qualname__}", root
+        return None
+
+    def _update(self, holder: str, refs: list[tuple[str, weakref.ref[Tensor]]], step: int) -> None:
+        tensors = {id(t): t for _, ref in refs if (t := ref()) is not None}
+        if not tensors:
+            return
+        sample = list(tensors.values())[:_SAMPLED_GRAPHS]
+        info = retention.inspect_graphs(sample)
+        est = info.est_bytes * len(tensors) // len(sample)
+        del sample
+        finding = self._holders.get(holder)
+        if finding is None:
+            finding = RetainedGraph(
+                path=holder,
+                step_first_seen=step,
+                count=len(tensors),
+                backpropagated=info.backpropagated,
+                est_bytes=est,
+                example_grad_fn=info.example_grad_fn,
+                example_path=refs[-1][0],
+            )
+            self._holders[holder] = finding
+        else:
+            finding.count = len(tensors)
+            finding.backpropagated = info.backpropagated
+            finding.est_bytes = est
+            finding.example_path = refs[-1][0]
+        grows = finding.count >= 2
+        keeps_activations = not finding.backpropagated and finding.est_bytes >= _ONE_GRAPH_BYTES
+        if holder not in self._reported and (grows or keeps_activations):
+            self._report(finding, raise_error=True)
+
+    def _report(self, finding: RetainedGraph, raise_error: bool) -> None:
+        self._holders[finding.path] = finding
+        self._reported.add(finding.path)
+        message = finding.describe()
+        if self.mode == "error" and raise_error:
+            raise RetainedGraphError(message)
+        rank_zero_warn(message, category=RetainedGraphWarning)
+
+    def _affordable(self) -> bool:
+        # Heap scans cost ~0.1 s per 10^6 live objects; keep them under `_scan_budget` of the
+        # wall time since the last one (measured on the host: no device synchronisation).
+        if self._scan_budget is None:
+            return True
+        since = time.perf_counter() - self._scan_done_at
+        return since * self._scan_budget >= self._scan_seconds
+
+    def _memory_grew(self, pl_module: pl.LightningModule) -> bool:
+        if pl_module.device.type != "cuda":
+            return False
+        allocated = self._memory_allocated(pl_module.device)
+        if self._memory_baseline is None or allocated < self._memory_baseline:
+            self._memory_baseline = allocated
+            return False
+        grew = allocated > self._memory_baseline * 1.25 + (64 << 20)
+        if grew and self._batch - self._last_deep_scan >= _TRIGGER_GAP:
+            self._memory_baseline = allocated
+            return True
+        return False
+
+    @staticmethod
+    def _memory_allocated(device: torch.device) -> int:
+        return int(torch.cuda.memory_allocated(device))  # a host-side counter: no sync
+
+    # ------------------------------------------------------------------ doctor
+
+    def doctor_findings(self) -> list[Finding]:
+        """One finding per holder: location is the holder's path."""
+        return [
+            Finding(
+                component="loss_retention",
+                id="returned-graph"
+                if f.path.startswith(_EXTRA_PATH)
+                else "retained-graph"
+                if f.backpropagated
+                else "retained-activations",
+                message=f.describe(),
+                location=f.path,
+                figures={
+                    "count": f.count,
+                    "est_bytes": f.est_bytes,
+                    "backpropagated": f.backpropagated,
+                    "step_first_seen": f.step_first_seen,
+                },
+                severity=f.severity,
+                fix=f.fix()
+                if not f.path.startswith(_EXTRA_PATH)
+                else "Return `.detach()`ed values for every key but 'loss'.",
+            )
+            for f in self.findings
+        ]
+
+    def doctor_figures(self) -> dict[str, Any]:
+        """``{"retained_graphs": distinct retained graph tensors found at the last check}``."""
+        return {"retained_graphs": self._retained_graphs}
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        """The findings as plain dicts (for logging or JSON)."""
+        return [asdict(f) for f in self.findings]
+
+
+def _factory(_ctx: Any) -> LossRetentionDetector:
+    return LossRetentionDetector(mode="warn")
+
+
+register_diagnostic("loss_retention", LossRetentionDetector, factory=_factory, order=30)

@@ -1,0 +1,227 @@
+"""Each advisor check fires on a minimal bad configuration and stays silent on the fixed one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_speedpack.advisor import rules as _advice
+from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
+
+CPU = DeviceInfo("cpu")
+A100 = DeviceInfo("cuda", "NVIDIA A100", (8, 0), has_tensor_cores=True)
+V100 = DeviceInfo("cuda", "Tesla V100", (7, 0), has_tensor_cores=True)
+P100 = DeviceInfo("cuda", "Tesla P100", (6, 0), has_tensor_cores=False)
+
+
+def ids(findings: list[AdvisorFinding]) -> list[str]:
+    return [f.id for f in findings]
+
+
+def loader(**kw: object) -> LoaderSettings:
+    return LoaderSettings("train_dataloader", **kw)  # type: ignore[arg-type]
+
+
+def test_finding_ids_are_the_issue_table() -> None:
+    assert _advice.FINDING_IDS == (
+        "dataloader-workers",
+        "pin-memory",
+        "persistent-workers",
+        "data-wait",
+        "batch-size-multiple",
+        "layer-dims-multiple",
+        "conv-bias-before-bn",
+        "precision",
+        "cudnn-benchmark",
+        "channels-last",
+        "dataparallel",
+        "zero-grad",
+        "eval-grad",
+        "sync-batchnorm",
+    )
+    assert {"pin-memory", "precision", "cudnn-benchmark", "channels-last"} == _advice.GPU_ONLY_IDS
+
+
+def test_dataloader_workers() -> None:
+    (f,) = _advice.check_dataloader_workers(loader(num_workers=0), cpu_cores=4)
+    assert (f.id, f.severity, f.location) == ("dataloader-workers", "warning", "train_dataloader")
+    assert f.evidence == "train_dataloader: num_workers=0"
+    assert "num_workers=4" in f.fix
+    assert _advice.check_dataloader_workers(loader(num_workers=4), cpu_cores=4) == []
+    (f,) = _advice.check_dataloader_workers(loader(num_workers=5), cpu_cores=4)
+    assert f.figures == {"num_workers": 5, "cpu_cores_per_process": 4}
+    # 8 cores shared by 4 DDP processes: 2 per process
+    (f,) = _advice.check_dataloader_workers(loader(num_workers=3), cpu_cores=8, local_processes=4)
+    assert f.fix == "DataLoader(num_workers=2, ...)"
+    assert _advice.check_dataloader_workers(loader(num_workers=2), 8, local_processes=4) == []
+
+
+def test_pin_memory_only_on_gpu() -> None:
+    (f,) = _advice.check_pin_memory(loader(pin_memory=False), A100)
+    assert f.id == "pin-memory"
+    assert "NVIDIA A100" in f.evidence
+    assert _advice.check_pin_memory(loader(pin_memory=True), A100) == []
+    assert _advice.check_pin_memory(loader(pin_memory=False), CPU) == []
+
+
+def test_persistent_workers() -> None:
+    bad = loader(num_workers=2, persistent_workers=False)
+    (f,) = _advice.check_persistent_workers(bad, planned_epochs=3)
+    assert f.evidence == "train_dataloader: num_workers=2, persistent_workers=False, 3 epochs"
+    assert ids(_advice.check_persistent_workers(bad, planned_epochs=None)) == ["persistent-workers"]
+    assert _advice.check_persistent_workers(bad, planned_epochs=1) == []
+    assert _advice.check_persistent_workers(loader(num_workers=2, persistent_workers=True), 3) == []
+    assert _advice.check_persistent_workers(loader(num_workers=0), 3) == []
+
+
+def test_data_wait() -> None:
+    (f,) = _advice.check_data_wait(wait_s=0.3, step_s=0.7, steps=10)
+    assert (f.id, f.severity) == ("data-wait", "warning")
+    assert f.figures == {"data_wait_fraction": 0.3, "steps": 10}
+    assert f.evidence == "measured over 10 steps: 30.0 ms waiting vs 70.0 ms in the step, per step"
+    assert "CachedDataset" in f.fix
+    (f,) = _advice.check_data_wait(wait_s=0.6, step_s=0.4, steps=10)
+    assert f.severity == "error"
+    assert _advice.check_data_wait(wait_s=0.2, step_s=0.8, steps=10) == []  # exactly 20%: fine
+    assert _advice.check_data_wait(wait_s=0.3, step_s=0.7, steps=10, threshold=0.5) == []
+    # 0.3 ms per step of "waiting" is the loop's own bookkeeping, not data loading
+    assert _advice.check_data_wait(wait_s=0.003, step_s=0.001, steps=10) == []
+    assert _advice.check_data_wait(wait_s=0.0, step_s=0.0, steps=0) == []
+
+
+def test_batch_size_multiple() -> None:
+    (f,) = _advice.check_batch_size_multiple(12, CPU)
+    assert (f.severity, f.evidence) == ("info", "train_dataloader: batch_size=12")
+    assert f.fix.startswith("batch_size=16 or 8")
+    assert "BatchSizeTuner" in f.fix
+    (f,) = _advice.check_batch_size_multiple(3, A100)
+    assert f.severity == "warning"
+    assert f.fix.startswith("batch_size=8,")
+    assert _advice.check_batch_size_multiple(16, A100) == []
+    assert _advice.check_batch_size_multiple(None, A100) == []
+
+
+def test_layer_dims_one_finding_per_module_and_vocab_called_out() -> None:
+    model = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 100), nn.Linear(100, 33708))
+    findings = _advice.check_layer_dims(model, A100)
+    assert [(f.location, f.severity, f.evidence) for f in findings] == [
+        ("2", "warning", "2: out_features=100"),  # in_features=3 is below 8: not reported
+        ("3", "warning", "3: in_features=100, out_features=33708"),
+    ]
+    assert "output vocabulary" in findings[1].message
+    assert findings[1].fix.startswith("pad to in_features=104, out_features=33712")
+    assert [f.severity for f in _advice.check_layer_dims(model, CPU)] == ["info", "info"]
+    assert _advice.check_layer_dims(nn.Sequential(nn.Linear(3, 64), nn.Linear(64, 1)), A100) == []
+
+
+def test_conv_bias_before_batchnorm() -> None:
+    bad = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU())
+    (f,) = _advice.check_conv_bias_before_bn(bad)
+    assert (f.location, f.evidence) == ("0", "0 (Conv2d, bias=True) -> 1 (BatchNorm2d)")
+    good = nn.Sequential(nn.Conv2d(3, 16, 3, bias=False), nn.BatchNorm2d(16))
+    assert _advice.check_conv_bias_before_bn(good) == []
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(16, 16, 3)
+            self.bn1 = nn.BatchNorm2d(16)
+            self.conv2 = nn.Conv2d(16, 16, 3)  # followed by nothing
+            self.relu = nn.ReLU()
+
+    model = nn.Sequential()
+    model.add_module("stem", nn.Conv2d(3, 16, 3))
+    model.add_module("block", Block())
+    assert [f.location for f in _advice.check_conv_bias_before_bn(model)] == ["block.conv1"]
+
+
+def test_precision_on_tensor_core_gpus_only() -> None:
+    (f,) = _advice.check_precision("32-true", A100)
+    assert f.fix == "Trainer(precision='bf16-mixed')"
+    (f,) = _advice.check_precision("32-true", V100)
+    assert f.fix == "Trainer(precision='16-mixed')"
+    assert _advice.check_precision("bf16-mixed", A100) == []
+    assert _advice.check_precision("32-true", P100) == []
+    assert _advice.check_precision("32-true", CPU) == []
+
+
+def test_cudnn_benchmark() -> None:
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3))
+    (f,) = _advice.check_cudnn_benchmark(conv, benchmark=False, fixed_shapes=True, device=A100)
+    assert f.id == "cudnn-benchmark"
+    assert "Trainer(benchmark=True)" in f.fix
+    assert _advice.check_cudnn_benchmark(conv, True, True, A100) == []
+    assert _advice.check_cudnn_benchmark(conv, False, False, A100) == []
+    assert _advice.check_cudnn_benchmark(conv, False, None, A100) == []
+    assert _advice.check_cudnn_benchmark(nn.Linear(8, 8), False, True, A100) == []
+    assert _advice.check_cudnn_benchmark(conv, False, True, CPU) == []
+
+
+def test_channels_last() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3))
+    (f,) = _advice.check_channels_last(model, A100)
+    # the 1x1 conv's weight is already contiguous in both formats
+    assert (f.location, f.evidence) == ("0", "2 Conv2d not channels_last: 0, 2")
+    assert _advice.check_channels_last(model, CPU) == []
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    assert _advice.check_channels_last(model, A100) == []
+
+
+def test_dataparallel() -> None:
+    model = nn.Sequential(nn.DataParallel(nn.Linear(8, 8)))
+    (f,) = _advice.check_dataparallel(model)
+    assert (f.location, f.evidence) == ("0", "0 is nn.DataParallel")
+    assert _advice.check_dataparallel(nn.Linear(8, 8)) == []
+
+
+def test_zero_grad_and_eval_grad() -> None:
+    (f,) = _advice.check_zero_grad("net.0.weight", step=3)
+    assert f.evidence == "net.0.weight still held a gradient tensor before backward at step 3"
+    assert _advice.check_zero_grad(None) == []
+    (f,) = _advice.check_eval_grad("validation_step returned a tensor that requires grad")
+    assert f.location == "validation_step"
+    assert _advice.check_eval_grad(None) == []
+
+
+def test_sync_batchnorm() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8))
+    (f,) = _advice.check_sync_batchnorm(model, world_size=2, per_device_batch=4)
+    assert (f.severity, f.location) == ("info", "1")
+    assert f.figures == {"per_device_batch": 4, "world_size": 2}
+    assert _advice.check_sync_batchnorm(model, world_size=1, per_device_batch=4) == []
+    assert _advice.check_sync_batchnorm(model, world_size=2, per_device_batch=32) == []
+    synced = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert _advice.check_sync_batchnorm(synced, world_size=2, per_device_batch=4) == []
+
+
+def test_to_finding_and_device_info(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = AdvisorFinding(
+        "pin-memory",
+        "warning",
+        "pinned memory is off",
+        "pin_memory=False",
+        "DataLoader(pin_memory=True)",
+        location="train_dataloader",
+    )
+    doc = f.to_finding()
+    assert (doc.component, doc.id, doc.severity, doc.location, doc.fix) == (
+        "advisor",
+        "pin-memory",
+        "warning",
+        "train_dataloader",
+        "DataLoader(pin_memory=True)",
+    )
+    assert doc.message == "pinned memory is off (pin_memory=False)"
+    assert doc.figures == {"evidence": "pin_memory=False"}
+
+    assert DeviceInfo.from_device(torch.device("cpu")) == CPU
+    assert _advice.gpu_skip_reason(CPU) == "the run trains on 'cpu', not a CUDA GPU"
+    assert _advice.gpu_skip_reason(A100) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    assert DeviceInfo.from_device(torch.device("cuda", 0)) == DeviceInfo(
+        "cuda", "Tesla T4", (7, 5), has_tensor_cores=True
+    )
+    assert not DeviceInfo("cuda", "", (7, 5), True).supports_bf16
+    assert A100.supports_bf16

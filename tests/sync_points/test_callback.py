@@ -1,0 +1,382 @@
+"""SyncPointWarnings on real Trainers: kinds and lines in a training step, modes, restore, DDP."""
+
+from __future__ import annotations
+
+import doctest
+import inspect
+import pickle
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from pytorch_lightning import Trainer
+from pytorch_lightning.demos.boring_classes import BoringModel
+
+import lightning_speedpack
+from lightning_speedpack.doctor.runner import run_script
+from lightning_speedpack.sync_points import callback as sync_points
+from lightning_speedpack.sync_points.callback import (
+    SyncPointError,
+    SyncPointWarnings,
+    SyncWarning,
+)
+from tests.helpers import global_state
+from tests.helpers.ddp import run_ddp
+from tests.helpers.models import quiet_trainer_kwargs
+
+STEPS = 3
+
+
+CUDA_MSG = "called a synchronizing CUDA operation"  # what set_sync_debug_mode warns
+
+
+def marked_lines(fn: Any) -> dict[str, int]:
+    """``{marker: line}`` for every ``# sync: <marker>`` comment in ``fn``'s source."""
+    lines, start = inspect.getsourcelines(fn)
+    return {
+        line.split("# sync: ")[1].split()[0]: start + offset
+        for offset, line in enumerate(lines)
+        if "# sync: " in line
+    }
+
+
+def syncing_code(loss: torch.Tensor, x: torch.Tensor) -> None:
+    """Every kind, one per line; ``item`` twice per step."""
+    for _ in range(2):
+        loss.item()  # sync: item
+    float(loss)  # sync: float
+    int(loss)  # sync: int
+    if (x != 0).all():  # sync: bool
+        pass
+    [0, 1, 2][x.argmax() % 3]  # sync: index
+    x.tolist()  # sync: tolist
+    x.detach().numpy()  # sync: numpy
+    np.asarray(x.detach())  # sync: asarray
+    x.cpu()  # sync: cpu
+    x.to("cpu")  # sync: to-cpu
+    x.to(device="cpu")  # sync: to-device-cpu
+    print(loss)  # sync: print
+    f"{loss:.3f}"  # sync: format
+    x.nonzero()  # sync: nonzero
+    torch.nonzero(x)  # sync: torch.nonzero
+    torch.where(x > 0)  # sync: where
+    x.masked_select(x > 0)  # sync: masked_select
+    torch.unique(x)  # sync: unique
+    x[x > 0]  # sync: getitem
+    x.clone()[x > 0] = 0.0  # sync: setitem
+    torch.cuda.empty_cache()  # sync: empty_cache
+
+
+KINDS = {
+    "item": "item",
+    "float": "float",
+    "int": "int",
+    "bool": "bool",
+    "index": "index",
+    "tolist": "tolist",
+    "numpy": "numpy",
+    "asarray": "numpy",
+    "cpu": "cpu copy",
+    "to-cpu": "cpu copy",
+    "to-device-cpu": "cpu copy",
+    "print": "repr",
+    "format": "repr",
+    "nonzero": "nonzero",
+    "torch.nonzero": "nonzero",
+    "where": "where",
+    "masked_select": "masked select",
+    "unique": "unique",
+    "getitem": "masked index",
+    "setitem": "masked index",
+    "empty_cache": "empty cache",
+}
+
+
+class HelperModel(BoringModel):
+    """Syncs in a helper function called from training_step."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        syncing_code(out["loss"].detach(), batch)
+        self.log("loss", out["loss"])  # not a sync
+        return out
+
+
+class InlineModel(BoringModel):
+    """Syncs written in training_step itself."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        loss = out["loss"].detach()
+        loss.item()  # sync: item
+        if (batch != 0).all():  # sync: bool
+            pass
+        print(loss)  # sync: print
+        batch.cpu()  # sync: cpu
+        batch[batch > 0]  # sync: getitem
+        self.log("loss", loss)  # not a sync
+        return out
+
+
+def fit(callback: SyncPointWarnings, model: Any, tmp_path: Path, **kwargs: Any) -> Trainer:
+    kwargs.setdefault("max_steps", STEPS)
+    trainer = Trainer(callbacks=[callback], **quiet_trainer_kwargs(tmp_path, **kwargs))
+    trainer.fit(model)
+    return trainer
+
+
+def test_every_kind_in_a_helper_is_reported_once_with_line_and_per_step(
+    tmp_path: Path, capsys: Any
+) -> None:
+    before = global_state.snapshot()
+    cb = SyncPointWarnings(mode="summary", include_cpu=True)
+    fit(cb, HelperModel(), tmp_path)
+    lines = marked_lines(syncing_code)
+    user = cb.user_findings
+    assert {(f.kind, f.lineno) for f in user} == {(KINDS[k], ln) for k, ln in lines.items()}
+    assert all(f.filename == __file__ and f.function == "syncing_code" for f in user)
+    per_step = {f.lineno: f.per_step for f in user}
+    assert per_step[lines["item"]] == 2.0
+    assert all(v == 1.0 for line, v in per_step.items() if line != lines["item"])
+    assert all(f.steps_seen == STEPS and f.first_step == 0 for f in user)
+    assert cb.syncs_per_step == len(lines) + 1
+    assert global_state.diff(before, global_state.snapshot()) == {}
+    assert "Host-device syncs" in capsys.readouterr().err  # the summary table
+
+
+def test_kinds_written_in_training_step(tmp_path: Path, capsys: Any) -> None:
+    cb = SyncPointWarnings(mode="summary", include_cpu=True)
+    fit(cb, InlineModel(), tmp_path)
+    lines = marked_lines(InlineModel.training_step)
+    assert {(f.kind, f.lineno, f.count) for f in cb.user_findings} == {
+        (KINDS[k], ln, STEPS) for k, ln in lines.items()
+    }
+    assert {f.function for f in cb.user_findings} == {"training_step"}
+    # self.log(loss) moves the tensor to its own device inside Lightning: not reported.
+    assert [f for f in cb.report if f.origin == "framework" and f.kind == "cpu copy"] == []
+
+
+def test_clean_boring_model_has_no_user_findings(tmp_path: Path) -> None:
+    cb = SyncPointWarnings(mode="error", include_cpu=True)
+    fit(cb, BoringModel(), tmp_path)
+    assert cb.user_findings == []
+    assert cb.doctor_figures() == {"syncs_per_step": 0.0}
+
+
+def test_cpu_tensors_do_not_count_by_default(tmp_path: Path, capsys: Any) -> None:
+    cb = SyncPointWarnings(mode="error")  # only the CUDA call would count: it is not made here
+    fit(cb, InlineModel(), tmp_path)
+    assert cb.report == []
+
+
+class OneItem(BoringModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        for _ in range(2):
+            out["loss"].item()  # sync: item
+        out["loss"].sum().tolist()  # sync: tolist
+        return out
+
+
+def test_warn_mode_warns_once_per_call_site_at_the_users_line(tmp_path: Path) -> None:
+    lines = marked_lines(OneItem.training_step)
+    with pytest.warns(SyncWarning) as record:
+        fit(SyncPointWarnings(include_cpu=True), OneItem(), tmp_path)
+    ours = [w for w in record if issubclass(w.category, SyncWarning)]
+    assert sorted((w.filename, w.lineno) for w in ours) == sorted(
+        (__file__, ln) for ln in lines.values()
+    )
+    assert any("item synchronises" in str(w.message) and "self.log" in str(w.message) for w in ours)
+
+
+def test_error_mode_raises_at_the_right_line_and_restores(tmp_path: Path) -> None:
+    before = global_state.snapshot()
+    cb = SyncPointWarnings(mode="error", include_cpu=True)
+    line = marked_lines(OneItem.training_step)["item"]
+    with pytest.raises(
+        SyncPointError, match=rf"item at .*sync_points/test_callback.py:{line}.*\.item\(\)"
+    ):
+        fit(cb, OneItem(), tmp_path)
+    assert [(f.kind, f.lineno, f.count) for f in cb.report] == [("item", line, 1)]
+    assert global_state.diff(before, global_state.snapshot()) == {}
+
+
+class ProgressBarLogging(BoringModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        self.log("loss", out["loss"], prog_bar=True)
+        return out
+
+
+def test_framework_syncs_are_labelled_and_never_raise(tmp_path: Path, capsys: Any) -> None:
+    cb = SyncPointWarnings(mode="error", include_cpu=True)
+    fit(cb, ProgressBarLogging(), tmp_path, enable_progress_bar=True, max_steps=4)
+    assert cb.user_findings == []
+    framework = [f for f in cb.report if f.origin == "framework"]
+    assert framework
+    assert all("pytorch_lightning" in f.filename for f in framework)
+    findings = cb.doctor_findings()
+    assert findings
+    assert all(f.severity == "info" for f in findings)
+    assert any("progress bar" in (f.fix or "") for f in findings)
+
+
+class Boom(OneItem):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if batch_idx == 1:
+            raise RuntimeError("boom")
+        return super().training_step(batch, batch_idx)
+
+
+def test_restored_after_an_exception_mid_step_and_between_trainers(tmp_path: Path) -> None:
+    before = global_state.snapshot()
+    cb = SyncPointWarnings(mode="summary", include_cpu=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        fit(cb, Boom(), tmp_path / "a")
+    assert global_state.diff(before, global_state.snapshot()) == {}
+    assert {f.kind for f in cb.report} == {"item", "tolist"}
+    fit(cb, BoringModel(), tmp_path / "b")  # the same callback, a second Trainer
+    assert cb.user_findings == []  # each fit reports its own
+    assert global_state.diff(before, global_state.snapshot()) == {}
+    pickle.loads(pickle.dumps(cb))
+
+
+class ValidationItem(BoringModel):
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().validation_step(batch, batch_idx)
+        out["x"].item()  # sync: val-item
+        return out
+
+
+@pytest.mark.parametrize("validation", [False, True])
+def test_validation_is_watched_only_when_asked(
+    tmp_path: Path, validation: bool, capsys: Any
+) -> None:
+    cb = SyncPointWarnings(mode="summary", include_cpu=True, validation=validation)
+    fit(cb, ValidationItem(), tmp_path, max_steps=2, limit_val_batches=2, val_check_interval=2)
+    line = marked_lines(ValidationItem.validation_step)["val-item"]
+    expected = [("item", line, 2)] if validation else []  # not the sanity check's
+    assert [(f.kind, f.lineno, f.count) for f in cb.user_findings] == expected
+
+
+def test_allow_ignores_a_call_site(tmp_path: Path, capsys: Any) -> None:
+    line = marked_lines(OneItem.training_step)["item"]
+    cb = SyncPointWarnings(
+        mode="summary", include_cpu=True, allow=f"sync_points/test_callback.py:{line}"
+    )
+    fit(cb, OneItem(), tmp_path)
+    assert [f.kind for f in cb.user_findings] == ["tolist"]
+
+
+class DebugWarning(BoringModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        import warnings
+
+        warnings.warn(CUDA_MSG, UserWarning, stacklevel=1)  # sync: dbg
+        return super().training_step(batch, batch_idx)
+
+
+def test_cuda_sync_debug_mode_through_injection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the callback arms set_sync_debug_mode("warn"); here a fake API and warning."""
+    modes: list[Any] = ["default"]
+    monkeypatch.setattr(
+        sync_points, "_sync_debug_api", lambda trainer: (lambda: modes[-1], modes.append)
+    )
+    before = global_state.snapshot()
+    cb = SyncPointWarnings(mode="summary")
+    fit(cb, DebugWarning(), tmp_path, max_steps=2)
+    line = marked_lines(DebugWarning.training_step)["dbg"]
+    assert [(f.kind, f.lineno, f.count) for f in cb.report] == [("cuda sync (debug mode)", line, 2)]
+    assert modes[0] == modes[-1] == "default"
+    assert "warn" in modes
+    assert global_state.diff(before, global_state.snapshot()) == {}
+
+
+def test_arguments_are_validated_at_once() -> None:
+    with pytest.raises(
+        ValueError, match="`mode` must be one of 'warn', 'error', 'summary', got 'x'"
+    ):
+        SyncPointWarnings(mode="x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`include_cpu` must be a bool, got 1"):
+        SyncPointWarnings(include_cpu=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`allow` must be"):
+        SyncPointWarnings(allow=[3])  # type: ignore[list-item]
+
+
+def test_exported() -> None:
+    assert lightning_speedpack.SyncPointWarnings is SyncPointWarnings
+    assert lightning_speedpack.SyncPointError is SyncPointError
+
+
+def test_docstring_example_runs(capsys: Any) -> None:
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    tests = finder.find(
+        SyncPointWarnings, "SyncPointWarnings", globs={"SyncPointWarnings": SyncPointWarnings}
+    )
+    for test in tests:
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+    assert runner.summarize(verbose=False).attempted > 0
+
+
+def _ddp_rank(tmp: str) -> tuple[int, list[tuple[str, int, str, int]]]:
+    cb = SyncPointWarnings(mode="summary", include_cpu=True)
+    trainer = Trainer(
+        callbacks=[cb], **quiet_trainer_kwargs(tmp, devices=2, strategy="ddp", max_steps=STEPS)
+    )
+    trainer.fit(OneItem())
+    return trainer.global_rank, [(f.kind, f.lineno, f.origin, f.count) for f in cb.report]
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_real_ddp_records_on_every_rank(tmp_path: Path) -> None:
+    results = run_ddp(_ddp_rank, str(tmp_path), timeout=200)
+    line = marked_lines(OneItem.training_step)["item"]
+    for rank, (got_rank, report) in enumerate(results):
+        assert got_rank == rank
+        assert ("item", line, "user", 2 * STEPS) in report
+        # Lightning's per-step SIGTERM broadcast .item() (issues 21487/21640): framework.
+        assert any(origin == "framework" and kind == "item" for kind, _, origin, _ in report)
+
+
+def test_doctor_report_has_a_sync_section(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent("""
+        from pytorch_lightning import Trainer
+        from pytorch_lightning.demos.boring_classes import BoringModel
+
+        class Model(BoringModel):
+            def training_step(self, batch, batch_idx):
+                out = super().training_step(batch, batch_idx)
+                self.seen = out["loss"].item()  # LINE
+                return out
+
+        if __name__ == "__main__":
+            Trainer(accelerator="cpu", max_steps=4, logger=False, enable_progress_bar=False,
+                    enable_checkpointing=False, enable_model_summary=False).fit(Model())
+    """)
+    )
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "# LINE" in text)
+    result = run_script(script)
+    assert result.exit_code == 0
+    ours = [
+        f
+        for f in result.report.findings
+        if f.component == "sync_points" and f.severity == "warning"
+    ]
+    assert len(ours) == 1
+    assert ours[0].location is not None
+    assert ours[0].location.endswith(f"train.py:{line}")
+    assert ours[0].figures["count"] == 4
+    assert ours[0].figures["per_step"] == 1.0
+    assert ours[0].fix is not None
+    assert ours[0].fix.startswith(".item() ->")
+    assert result.report.runs[0].figures["syncs_per_step"] == 1.0
