@@ -501,7 +501,7 @@ class _Edge:
     attr: str | None = None  # for "key": the key when it can be written as an attribute
 
 
-_PACKAGE_DIR = str(Path(__file__).parent)
+_PACKAGE_DIR = str(Path(__file__).parents[1])  # the whole pack: its own frames are not holders
 
 
 def _label_in(parent: Any, child: Any) -> _Edge | None:

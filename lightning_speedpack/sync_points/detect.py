@@ -186,9 +186,7 @@ _DATA_DIR = os.path.join(os.path.dirname(torch.__file__), "utils", "data", "")
 _STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
 _OWN_FILES = {
     os.path.normcase(os.path.abspath(__file__)),
-    os.path.normcase(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "callbacks", "sync_points.py")
-    ),
+    os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), "callback.py")),
 }
 _GENERIC_FRAMEWORK = ("apply_func.py", "lightning_utilities")
 
