@@ -8,7 +8,12 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.speedpack-installed
 DEMO_OUT ?= demo-output
 
-.PHONY: setup test lint typecheck pytest demo bench clean
+# A second venv with pytorch-lightning only (no `lightning`): proves the package imports and fits
+# with one namespace installed.
+PL_ONLY_VENV ?= .venv-pl-only
+PL_ONLY_STAMP := $(PL_ONLY_VENV)/.speedpack-installed
+
+.PHONY: setup test lint typecheck pytest test-one-namespace demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +36,17 @@ typecheck: setup
 pytest: setup
 	$(BIN)/python -m pytest
 
-test: lint typecheck pytest
+$(PL_ONLY_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PL_ONLY_VENV)
+	@$(PL_ONLY_VENV)/bin/python -c "import torch" 2>/dev/null || $(PL_ONLY_VENV)/bin/python -m pip install $(TORCH_SPEC)
+	$(PL_ONLY_VENV)/bin/python -m pip install -e . "pytest>=8" "pytest-timeout>=2.2"
+	@! $(PL_ONLY_VENV)/bin/python -c "import lightning" 2>/dev/null || (echo "lightning must not be installed in $(PL_ONLY_VENV)"; exit 1)
+	@touch $(PL_ONLY_STAMP)
+
+test-one-namespace: $(PL_ONLY_STAMP)
+	$(PL_ONLY_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_one_namespace.py tests/test_contract.py
+
+test: lint typecheck pytest test-one-namespace
 
 demo: setup
 	$(BIN)/python examples/demo.py --out $(DEMO_OUT)
@@ -40,4 +55,4 @@ bench: setup
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PL_ONLY_VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache

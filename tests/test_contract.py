@@ -1,4 +1,8 @@
-"""Every exported callback fits twice, resumes, pickles, and leaves nothing behind."""
+"""Every exported callback fits twice, resumes, pickles, and leaves nothing behind.
+
+Each test runs once per installed Lightning namespace (``pytorch_lightning`` and
+``lightning.pytorch``): a callback is used exactly as a user of that namespace would use it.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +13,26 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_lightning import Callback, Trainer
-from pytorch_lightning.callbacks import ModelCheckpoint
 
 import lightning_speedpack
-from tests.helpers import global_state
-from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
+from tests.helpers import global_state, namespaces
+from tests.helpers.models import quiet_trainer_kwargs
+from tests.helpers.namespaces import NAMESPACES, Namespace, each_namespace
+
+#: The Callback class of every installed namespace.
+CALLBACK_BASES = tuple(ns.Callback for ns in NAMESPACES)
 
 EXPORTED_CALLBACKS = sorted(
     (
         obj
         for name in lightning_speedpack.__all__
-        if isinstance(obj := getattr(lightning_speedpack, name), type) and issubclass(obj, Callback)
+        if isinstance(obj := getattr(lightning_speedpack, name), type)
+        and issubclass(obj, CALLBACK_BASES)
     ),
     key=lambda cls: cls.__name__,
 )
+
+each_callback = pytest.mark.parametrize("cls", EXPORTED_CALLBACKS, ids=lambda c: c.__name__)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -36,13 +45,13 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _fit(callback: Callback, tmp_path: Path, **kwargs: Any) -> Trainer:
+def _fit(ns: Namespace, callback: Any, tmp_path: Path, **kwargs: Any) -> Any:
     ckpt_path = kwargs.pop("ckpt_path", None)
-    trainer = Trainer(
+    trainer = ns.Trainer(
         callbacks=[callback, *kwargs.pop("extra_callbacks", [])],
         **quiet_trainer_kwargs(tmp_path, max_steps=kwargs.pop("max_steps", 4), **kwargs),
     )
-    trainer.fit(SizedBoringModel(), ckpt_path=ckpt_path)
+    trainer.fit(ns.SizedBoringModel(), ckpt_path=ckpt_path)
     return trainer
 
 
@@ -57,29 +66,44 @@ def test_every_public_callback_is_in_the_contract() -> None:
     ]
 
 
-@pytest.mark.parametrize("cls", EXPORTED_CALLBACKS, ids=lambda c: c.__name__)
-def test_constructs_with_defaults_and_pickles(cls: type[Callback]) -> None:
+@each_callback
+def test_is_a_callback_of_every_installed_namespace(cls: type[Any]) -> None:
+    assert len(CALLBACK_BASES) == len(NAMESPACES) >= 1
+    callback = cls()
+    for base in CALLBACK_BASES:  # what each Trainer and each LightningCLI parser checks
+        assert issubclass(cls, base)
+        assert isinstance(callback, base)
+    clone = pickle.loads(pickle.dumps(callback))
+    assert all(isinstance(clone, base) for base in CALLBACK_BASES)
+
+
+@each_callback
+def test_constructs_with_defaults_and_pickles(cls: type[Any]) -> None:
     callback = cls()
     clone = pickle.loads(pickle.dumps(callback))
     assert type(clone) is cls
     copy.deepcopy(callback)
 
 
-@pytest.mark.parametrize("cls", EXPORTED_CALLBACKS, ids=lambda c: c.__name__)
-def test_fits_twice_and_leaves_no_global_state(cls: type[Callback], tmp_path: Path) -> None:
-    before = global_state.snapshot()
+@each_namespace
+@each_callback
+def test_fits_twice_and_leaves_no_global_state(
+    cls: type[Any], ns: Namespace, tmp_path: Path
+) -> None:
+    before = namespaces.snapshot()
     callback = cls()
-    _fit(callback, tmp_path / "a")
-    _fit(callback, tmp_path / "b")
-    assert global_state.diff(before, global_state.snapshot()) == {}
+    _fit(ns, callback, tmp_path / "a")
+    _fit(ns, callback, tmp_path / "b")
+    assert global_state.diff(before, namespaces.snapshot()) == {}
     pickle.loads(pickle.dumps(callback))  # still picklable after fitting (ddp_spawn)
 
 
-@pytest.mark.parametrize("cls", EXPORTED_CALLBACKS, ids=lambda c: c.__name__)
-def test_checkpoint_save_and_restore(cls: type[Callback], tmp_path: Path) -> None:
+@each_namespace
+@each_callback
+def test_checkpoint_save_and_restore(cls: type[Any], ns: Namespace, tmp_path: Path) -> None:
     callback = cls()
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
-    _fit(callback, tmp_path, extra_callbacks=[ckpt], enable_checkpointing=True)
+    ckpt = ns.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    _fit(ns, callback, tmp_path, extra_callbacks=[ckpt], enable_checkpointing=True)
     saved = torch.load(ckpt.last_model_path, weights_only=False)
     state = callback.state_dict()
     if state:
@@ -89,11 +113,12 @@ def test_checkpoint_save_and_restore(cls: type[Callback], tmp_path: Path) -> Non
     load = resumed.load_state_dict
     resumed.load_state_dict = lambda sd: (restored.append(sd), load(sd))[1]  # type: ignore[method-assign]
     _fit(
+        ns,
         resumed,
         tmp_path,
         max_steps=6,
         ckpt_path=ckpt.last_model_path,
-        extra_callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+        extra_callbacks=[ns.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
         enable_checkpointing=True,
     )
     if state:  # the resumed run started from exactly what was saved
@@ -101,16 +126,62 @@ def test_checkpoint_save_and_restore(cls: type[Callback], tmp_path: Path) -> Non
         assert _same(restored[0], state)
 
 
-@pytest.mark.parametrize("cls", EXPORTED_CALLBACKS, ids=lambda c: c.__name__)
-def test_no_global_state_after_an_exception_mid_fit(cls: type[Callback], tmp_path: Path) -> None:
-    class Boom(SizedBoringModel):
+@pytest.mark.skipif(len(NAMESPACES) < 2, reason="needs both Lightning namespaces")
+@pytest.mark.parametrize(
+    ("writer", "reader"),
+    # with one namespace installed the test is skipped; the pairs must still be well-formed
+    [tuple(NAMESPACES[:2]), tuple(NAMESPACES[1::-1])] if len(NAMESPACES) >= 2 else [(None, None)],
+    ids=["pl->L", "L->pl"] if len(NAMESPACES) >= 2 else ["one-namespace"],
+)
+@each_callback
+def test_a_checkpoint_written_under_one_namespace_resumes_under_the_other(
+    cls: type[Any], writer: Namespace, reader: Namespace, tmp_path: Path
+) -> None:
+    callback = cls()
+    ckpt = writer.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    # Whole epochs (a mid-epoch resume warns), whatever batch size a tuner picks.
+    first = _fit(
+        writer, callback, tmp_path, extra_callbacks=[ckpt], enable_checkpointing=True, max_steps=-1
+    )
+    assert writer.Trainer is not reader.Trainer
+    state = callback.state_dict()
+    resumed = cls()
+    restored: list[dict[str, Any]] = []
+    load = resumed.load_state_dict
+    resumed.load_state_dict = lambda sd: (restored.append(sd), load(sd))[1]  # type: ignore[method-assign]
+    trainer = _fit(
+        reader,
+        resumed,
+        tmp_path / "resumed",
+        max_steps=-1,
+        max_epochs=2,
+        ckpt_path=ckpt.last_model_path,
+        extra_callbacks=[reader.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+        enable_checkpointing=True,
+    )
+    assert isinstance(trainer, reader.Trainer)
+    assert first.global_step > 0
+    assert (
+        trainer.global_step == 2 * first.global_step
+    )  # resumed after epoch 1, not restarted  # resumed at step 4, not started over
+    if state:  # the callback's state came back, whichever namespace wrote it
+        assert len(restored) == 1
+        assert _same(restored[0], state)
+
+
+@each_namespace
+@each_callback
+def test_no_global_state_after_an_exception_mid_fit(
+    cls: type[Any], ns: Namespace, tmp_path: Path
+) -> None:
+    class Boom(ns.SizedBoringModel):  # type: ignore[misc, name-defined]
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             if batch_idx == 2:
                 raise RuntimeError("boom")
             return super().training_step(batch, batch_idx)
 
-    before = global_state.snapshot()
-    trainer = Trainer(callbacks=[cls()], **quiet_trainer_kwargs(tmp_path, max_steps=4))
+    before = namespaces.snapshot()
+    trainer = ns.Trainer(callbacks=[cls()], **quiet_trainer_kwargs(tmp_path, max_steps=4))
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(Boom())
-    assert global_state.diff(before, global_state.snapshot()) == {}
+    assert global_state.diff(before, namespaces.snapshot()) == {}

@@ -48,19 +48,44 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self.pending:
             return None
-        self.pending.discard(fullname)  # also keeps the lookup below from finding us again
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        # A look-up without an import (`importlib.util.find_spec`, as the pack's own
+        # `installed_namespaces()` does) also lands here: stay pending until a module is
+        # really executed from a spec we handed out.
+        spec = _find_with_the_others(self, fullname, path, target)
         loader: Any = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         exec_module = loader.exec_module
+        pending = self.pending
 
         def exec_then_register(module: ModuleType) -> None:
             exec_module(module)
-            _register(fullname)
+            if fullname in pending:  # once, however many specs were handed out
+                pending.discard(fullname)
+                _register(fullname)
 
         loader.exec_module = exec_then_register  # this spec's own loader instance only
         return spec
+
+
+def _find_with_the_others(
+    me: object, fullname: str, path: Sequence[str] | None, target: ModuleType | None
+) -> importlib.machinery.ModuleSpec | None:
+    """Find ``fullname`` as the import system would without us: the other meta-path finders.
+
+    Asking them (not just ``PathFinder``) keeps editable installs, zip imports and any finder
+    that hides a package (``ModuleNotFoundError`` propagates unchanged) working as before.
+    """
+    for finder in list(sys.meta_path):
+        if finder is me:
+            continue
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        spec: importlib.machinery.ModuleSpec | None = find_spec(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
 
 
 _FINDER = _AfterImport()

@@ -15,8 +15,9 @@ function objects; attributes that were inherited are deleted again) by :meth:`un
 
 Attribution walks the Python stack from the call: frames inside torch, numpy, the standard
 library and this detector are skipped; if the first remaining frame belongs to Lightning
-(``pytorch_lightning``, ``lightning_fabric``, ``lightning_utilities``, ``lightning``), the sync
-is the framework's (``origin="framework"``), otherwise it is the user's and is reported at that
+(``pytorch_lightning/``, ``lightning_fabric/``, ``lightning_utilities/``, or the ``lightning``
+package's ``lightning/pytorch/`` and ``lightning/fabric/``: both namespaces), the sync is the
+framework's (``origin="framework"``), otherwise it is the user's and is reported at that
 frame, so ``print(t)`` points at the ``print`` line. A sync made inside another watched call
 (``print(t)`` -> ``__repr__`` -> ``item``) counts once, for the outermost call. Calls made while
 a ``torch.utils.data`` loader is on the stack (dataset code run by the loader) are not counted.
@@ -159,7 +160,11 @@ def _display_path(filename: str) -> str:
 
 
 def _module_dir(name: str) -> str | None:
-    spec = importlib.util.find_spec(name)
+    """The folder of top-level package ``name`` (found without importing it), None if absent."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # absent, hidden by a meta-path finder, or half-imported
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     return os.path.join(next(iter(spec.submodule_search_locations)), "")
@@ -173,6 +178,9 @@ _SKIP_DIRS = _dirs(["torch", "numpy"])
 # The pack's own callbacks count as framework too: under DDP ThroughputLogger deliberately
 # reads one small all-reduced tensor on logging steps, and a user should see that labelled as
 # the pack's, with the setting that spaces it out, not mixed with their own syncs.
+# Lightning's own files under either namespace: `pytorch_lightning/`, `lightning_fabric/` (the
+# pytorch-lightning install) and `lightning/` (holding `lightning/pytorch/`, `lightning/fabric/`).
+# Found by path without importing anything; a package that is not installed is left out.
 _FRAMEWORK_DIRS = _dirs(
     [
         "pytorch_lightning",

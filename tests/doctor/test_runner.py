@@ -6,7 +6,8 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from pytorch_lightning import Callback, Trainer
 from lightning_speedpack.doctor import Finding, register_diagnostic, unregister_diagnostic
 from lightning_speedpack.doctor.runner import DoctorSession, RunRecorder, run_script
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
+from tests.helpers.namespaces import NAMESPACE_NAMES, Namespace, each_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -253,3 +255,188 @@ def test_of_findings_with_the_same_id_the_one_with_a_location_is_kept(
         ("pointer", "train.py:3", "error")
     ]
     assert same[0].figures["also_reported_by"] == ["echo", "probe"]
+
+
+# --- both namespaces: the same script written against `lightning` or `pytorch_lightning` ------
+
+#: The imports (two lines each, so both twins have the same line numbers) and the Trainer.
+TWIN_HEADERS = {
+    "pl": (
+        "from pytorch_lightning import Trainer\n"
+        "from pytorch_lightning.demos.boring_classes import BoringModel",
+        "Trainer",
+    ),
+    "L": (
+        "import lightning as L\nfrom lightning.pytorch.demos.boring_classes import BoringModel",
+        "L.Trainer",
+    ),
+}
+
+TWIN_SCRIPT = """\
+import time
+import torch
+{imports}
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):  # 70 ms per batch of 7: the loop waits for data, every time
+    def __len__(self):
+        return 70
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.randn(32)
+
+
+kept = []
+
+
+class Model(BoringModel):
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch).sum()
+        kept.append(loss)
+        if loss.item() > 1e9:
+            print("big")
+        return loss
+
+    def train_dataloader(self):
+        return DataLoader(Slow(), batch_size=7)
+
+
+trainer = {trainer}(accelerator="cpu", max_steps=6, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Model())
+"""
+
+
+def _twin(tmp_path: Path, ns_id: str) -> Path:
+    imports, trainer = TWIN_HEADERS[ns_id]
+    folder = tmp_path / ns_id
+    folder.mkdir(exist_ok=True)
+    return _script(folder, TWIN_SCRIPT.format(imports=imports, trainer=trainer))
+
+
+def _shape(findings: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What must match between twins: each finding's component, id, severity and file (not
+    its folder), the number of runs, and each run's figure keys and sample count."""
+    return {
+        "findings": sorted(
+            (f["component"], f["id"], f["severity"], Path(f["location"] or "").name)
+            for f in findings
+        ),
+        "runs": [(r["samples"], sorted(r["figures"])) for r in runs],
+    }
+
+
+def _run_as_a_user_would(script: Path, args: Sequence[str] = ()) -> Any:
+    """``run_script`` without pytest's "error" filter: the script's warnings are not under test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_script(script, args)
+
+
+def _report_shape(report: Any) -> dict[str, Any]:
+    data = report.to_dict()
+    return _shape(data["findings"], data["runs"])
+
+
+EXPECTED_TWIN_FINDINGS = {
+    ("sync_points", "sync-item", "train.py:24"),  # the `.item()` line
+    ("loss_retention", "retained-graph", "train.kept"),
+    ("throughput", "data-wait", "train.py:12"),  # the `__getitem__` that waits
+    ("advisor", "dataloader-workers", "train_dataloader"),
+    ("advisor", "batch-size-multiple", "train_dataloader"),
+}
+
+
+@pytest.mark.skipif(len(NAMESPACE_NAMES) < 2, reason="needs both Lightning namespaces")
+def test_a_lightning_script_gets_the_same_report_as_its_pytorch_lightning_twin(
+    tmp_path: Path,
+) -> None:
+    shapes = {}
+    for ns_id in ("pl", "L"):
+        result = _run_as_a_user_would(_twin(tmp_path, ns_id))
+        assert result.exit_code == 0, result.error
+        shapes[ns_id] = _report_shape(result.report)
+    assert shapes["L"] == shapes["pl"]
+    found = {(c, i, loc) for c, i, _sev, loc in shapes["L"]["findings"]}
+    assert found >= EXPECTED_TWIN_FINDINGS  # the twins agree on a full report, not an empty one
+    assert shapes["L"]["runs"] == [(6 * 7, shapes["L"]["runs"][0][1])]
+    assert {"peak_rss_mb", "samples_per_sec", "syncs_per_step", "retained_graphs"} <= set(
+        shapes["L"]["runs"][0][1]
+    )
+
+
+@pytest.mark.skipif(len(NAMESPACE_NAMES) < 2, reason="needs both Lightning namespaces")
+def test_speedpack_doctor_on_an_import_lightning_as_l_script(tmp_path: Path) -> None:
+    twin = _run_as_a_user_would(_twin(tmp_path, "pl"))
+    assert twin.exit_code == 0, twin.error
+    script = _twin(tmp_path, "L")
+    proc = _cli("--json", str(tmp_path / "report.json"), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert _shape(report["findings"], report["runs"]) == _report_shape(twin.report)
+
+
+LIGHTNING_CLI_SCRIPT = """\
+from {ns}.cli import LightningCLI
+from {ns}.demos.boring_classes import BoringModel
+
+cli = LightningCLI(BoringModel, save_config_kwargs={{"overwrite": True}})
+print("callbacks:", sorted(type(c).__name__ for c in cli.trainer.callbacks))
+"""
+
+
+@each_namespace
+def test_the_doctor_attaches_to_a_trainer_built_by_lightning_cli(
+    ns: Namespace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _script(tmp_path, LIGHTNING_CLI_SCRIPT.format(ns=ns.name), "cli_train.py")
+    args = [
+        "fit",
+        "--seed_everything=0",
+        "--trainer.accelerator=cpu",
+        "--trainer.max_steps=3",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    result = _run_as_a_user_would(script, args)
+    assert result.exit_code == 0, result.error
+    out = capsys.readouterr().out
+    for name in ("RunRecorder", "SyncPointWarnings", "ThroughputLogger", "SpeedAdvisor"):
+        assert name in out
+    (run,) = result.report.runs
+    assert run.samples == 3
+    assert {"samples_per_sec", "syncs_per_step", "peak_rss_mb"} <= set(run.figures)
+    assert {f.component for f in result.report.findings} >= {"advisor"}
+
+
+DDP_TWIN_HEADERS = {
+    "pl": "from pytorch_lightning import Trainer\n"
+    "from pytorch_lightning.demos.boring_classes import BoringModel\n",
+    "L": "import lightning as L\nfrom lightning.pytorch.demos.boring_classes import BoringModel\n"
+    "Trainer = L.Trainer\n",
+}
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_ranks_relaunched_by_lightning_pytorch_get_the_same_diagnostics(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    body = DDP_SCRIPT.format(root=str(tmp_path)).replace(
+        "from pytorch_lightning import Trainer\n"
+        "from pytorch_lightning.demos.boring_classes import BoringModel\n",
+        DDP_TWIN_HEADERS["L"],
+    )
+    assert "pytorch_lightning" not in body
+    script = _script(tmp_path, body)
+    proc = _cli("--json", str(tmp_path / "report.json"), str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0 = (tmp_path / "rank0.txt").read_text()
+    rank1 = (tmp_path / "rank1.txt").read_text()
+    assert "RunRecorder" in rank0
+    assert rank0 == rank1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["runs"][0]["samples"] == 3 * 2

@@ -7,8 +7,9 @@ import threading
 import warnings
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
+
+from lightning_speedpack.core.lightning import classes
 
 
 def snapshot() -> dict[str, Any]:
@@ -22,7 +23,8 @@ def snapshot() -> dict[str, Any]:
         "grad_enabled": torch.is_grad_enabled(),
         "num_threads": torch.get_num_threads(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "trainer_init": id(pl.Trainer.__init__),
+        # every installed namespace's Trainer (the doctor wraps each)
+        "trainer_init": {t.__module__: id(t.__init__) for t in classes("Trainer")},
         "trace": sys.gettrace(),
         "profile": sys.getprofile(),
         "warning_filters": len(warnings.filters),
