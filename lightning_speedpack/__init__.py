@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from lightning_speedpack.strategies import DDPSpeedpackStrategy
     from lightning_speedpack.sync_points import SyncFinding, SyncPointError, SyncPointWarnings
     from lightning_speedpack.throughput import ThroughputLogger
+    from lightning_speedpack.timeline import StepTimeline
 
 #: Public name -> the room (subpackage) that defines it.
 _ROOMS = {
@@ -69,6 +70,7 @@ _ROOMS = {
     "RetainedGraphError": "retention",
     "RetainedGraphWarning": "retention",
     "SpeedAdvisor": "advisor",
+    "StepTimeline": "timeline",
     "SyncFinding": "sync_points",
     "SyncPointError": "sync_points",
     "SyncPointWarnings": "sync_points",
@@ -90,6 +92,7 @@ __all__ = [
     "RetainedGraphError",
     "RetainedGraphWarning",
     "SpeedAdvisor",
+    "StepTimeline",
     "SyncFinding",
     "SyncPointError",
     "SyncPointWarnings",

@@ -61,6 +61,7 @@ def test_every_public_callback_is_in_the_contract() -> None:
         "BatchSizeTuner",
         "LossRetentionDetector",
         "SpeedAdvisor",
+        "StepTimeline",
         "SyncPointWarnings",
         "ThroughputLogger",
     ]

@@ -19,6 +19,7 @@ from lightning_speedpack.batch_size.search import (
     pick_fastest,
 )
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import (
     Callback,
@@ -92,11 +93,23 @@ class BatchSizeTuner(Callback):
     ``tuned_batch_size``  the size the tuner chose (differs from ``batch_size`` with ``dry_run``)
     ====================  =====================================================================
 
+    Trials draw their batches in the main process: a DataLoader's ``num_workers`` is set to 0
+    for the trial and put back afterwards. Each trial builds a loader for its own size, so with
+    workers every trial would fork a fresh worker pool while other threads (W&B, the previous
+    iterator's feeders, Lightning's observer) are alive, and a fork taken while another thread
+    holds a lock can deadlock the child inside ``fork``, hanging the run. Loading is not part of
+    the timed step, so trial results do not change; the fit's own loader starts its workers once,
+    as without the tuner.
+
     Rank policy: runs on every rank; every rank tries the same sizes and the ranks agree through
-    one small ``trainer.strategy.reduce`` per trial on "fits on all ranks" (and "failed on some
-    rank"), so the chosen size is identical everywhere. Trials call the LightningModule's
-    ``training_step`` directly (not through the DDP wrapper), so a size that runs out of memory on
-    one rank only cannot leave the ranks in different collectives. Prints on rank 0 only.
+    one small all-reduce per trial on "fits on all ranks" (and "failed on some rank"), so the
+    chosen size is identical everywhere. Trials call the LightningModule's ``training_step``
+    directly (not through the DDP wrapper), so a size that runs out of memory on one rank only
+    cannot leave the ranks in different collectives. The agreement waits at most
+    ``collective_timeout`` seconds: a rank that died or is stuck makes the others raise
+    :class:`~lightning_speedpack.core.collectives.CollectiveTimeoutError` ("BatchSizeTuner: rank
+    agreement for batch size 64 (trial 3) did not complete within 300 s: ...") instead of
+    waiting for ever. Prints on rank 0 only.
 
     Resuming: the chosen size is saved in the checkpoint (``state_dict``); fitting again from a
     checkpoint applies it without new trials unless ``retune_on_resume=True``.
@@ -125,6 +138,9 @@ class BatchSizeTuner(Callback):
         report_only: (keyword-only) run no trials; only record the batch size in use for the
             doctor's report. This is how ``speedpack doctor`` attaches the tuner.
         verbose: (keyword-only) print the trials table on rank 0.
+        collective_timeout: (keyword-only) seconds each rank agreement may take under DDP;
+            ``None``: ``LIGHTNING_SPEEDPACK_COLLECTIVE_TIMEOUT`` or 300 s. Never longer than the
+            process group's own timeout.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -164,6 +180,7 @@ class BatchSizeTuner(Callback):
         dry_run: bool = False,
         report_only: bool = False,
         verbose: bool = True,
+        collective_timeout: float | None = None,
     ) -> None:
         _check_arguments(
             mode=mode,
@@ -181,6 +198,9 @@ class BatchSizeTuner(Callback):
                 "verbose": verbose,
             },
         )
+        if collective_timeout is not None:
+            validate_timeout("collective_timeout", collective_timeout)
+        self.collective_timeout = collective_timeout
         self.mode: Mode = mode
         self.multiple_of = multiple_of
         self.init_val = init_val
@@ -332,6 +352,7 @@ class BatchSizeTuner(Callback):
                     self.steps_per_trial,
                     owner="BatchSizeTuner",
                     error_type=BatchSizeTuningError,
+                    collective_timeout=self.collective_timeout,
                 )
                 while (size := search.next_size()) is not None:
                     lightning_setattr(pl_module, self.attr_name, size)

@@ -8,7 +8,9 @@ training steps before the fit starts (e.g. measuring the model's own ceiling):
   numpy, Python (and CUDA) RNG states -- to host memory, and puts it all back.
 - :class:`TrialRunner` runs ``steps`` real training steps (forward, backward, optimizer step) on
   batches of the train dataloader, plus one validation step, and times them; on several ranks
-  the ranks agree on the outcome through one small collective per trial.
+  the ranks agree on the outcome through one small, time-bounded collective per trial.
+- :func:`main_process_loading` draws a trial's batches in the calling process: no DataLoader
+  worker pool is forked per trial (see :class:`TrialRunner` for why).
 - :func:`logging_disabled` makes ``self.log`` a no-op on the module while trials run.
 """
 
@@ -19,7 +21,7 @@ import random
 import statistics
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,11 @@ import numpy as np
 import torch
 
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.collectives import (
+    CollectiveTimeoutError,
+    bounded_all_reduce,
+    collective_timeout,
+)
 from lightning_speedpack.core.lightning import combined_loader, is_overridden
 from lightning_speedpack.core.memory import free_memory, is_oom_error
 
@@ -40,6 +47,7 @@ __all__ = [
     "dataset_length",
     "iterate_batches",
     "logging_disabled",
+    "main_process_loading",
     "samples_in",
     "sync_device",
 ]
@@ -82,6 +90,48 @@ def iterate_batches(loaders: Any) -> Iterator[Any]:
         yield from loaders
 
 
+def _torch_loaders(loaders: Any) -> Iterator[torch.utils.data.DataLoader[Any]]:
+    if isinstance(loaders, torch.utils.data.DataLoader):
+        yield loaders
+    elif isinstance(loaders, Mapping):
+        for value in loaders.values():
+            yield from _torch_loaders(value)
+    elif isinstance(loaders, (list, tuple)):
+        for value in loaders:
+            yield from _torch_loaders(value)
+
+
+@contextmanager
+def main_process_loading(loaders: Any) -> Iterator[Any]:
+    """Load in this process: ``num_workers=0`` on every DataLoader in ``loaders``, then put back.
+
+    ``loaders`` is one DataLoader or a (nested) mapping/list/tuple of them, as a
+    ``train_dataloader()`` returns them; other iterables are left as they are. A DataLoader
+    allows ``num_workers`` to change after construction (unlike its batch size or sampler); the
+    sampler, collate function, ``pin_memory`` and the random numbers drawn for the iterator
+    are the same in both modes. ``worker_init_fn`` is not called (there is no worker).
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> loader = DataLoader(range(8), batch_size=4, num_workers=2)
+        >>> with main_process_loading(loader):
+        ...     [batch.tolist() for batch in loader], loader.num_workers
+        ([[0, 1, 2, 3], [4, 5, 6, 7]], 0)
+        >>> loader.num_workers
+        2
+    """
+    changed: list[tuple[torch.utils.data.DataLoader[Any], int]] = []
+    try:
+        for loader in _torch_loaders(loaders):
+            if loader.num_workers > 0:
+                changed.append((loader, loader.num_workers))
+                loader.num_workers = 0
+        yield loaders
+    finally:
+        for loader, workers in reversed(changed):
+            loader.num_workers = workers
+
+
 def samples_in(batch: Any, default: int) -> int:
     """The number of samples in ``batch`` (from shapes, no device sync), else ``default``."""
     try:
@@ -97,7 +147,38 @@ def sync_device(device: torch.device) -> None:
 
 
 class TrialRunner:
-    """Runs one trial: real training steps (and one validation step) at the current size."""
+    """Runs one trial: real training steps (and one validation step) at the current size.
+
+    Batches are drawn in this process. A trial needs ``steps`` batches from a loader built for
+    its size, so a DataLoader with ``num_workers > 0`` would fork a fresh worker pool for every
+    trial -- while other threads are alive (W&B's, the previous iterator's queue feeders,
+    Lightning's child-process observer, the NVML sampler). A fork taken while another thread
+    holds a lock can leave the child deadlocked inside ``fork`` itself, and the rank waiting on
+    it hangs; that was seen in practice (issue 12). Reusing one pool is impossible (each trial's
+    loader has another batch size, which a DataLoader cannot change) and a ``spawn`` pool per
+    trial costs seconds of start-up each. Loading is not part of the timed step (only transfer
+    and step are timed), so :func:`main_process_loading` sets ``num_workers=0`` on the trial's
+    loaders for the trial and puts the value back: the user's loader is unchanged afterwards
+    and the fit's own loader starts its workers once, as without the tuner. Loaders that are not
+    ``torch.utils.data.DataLoader`` objects are iterated as they are.
+
+    On several ranks the outcome is agreed through one all-reduce per trial, bounded by
+    ``collective_timeout`` seconds (:func:`~lightning_speedpack.core.collectives.
+    collective_timeout`): a rank that died or is stuck makes the others raise
+    :class:`~lightning_speedpack.core.collectives.CollectiveTimeoutError` naming the owner, the
+    batch size and the trial, instead of waiting for ever.
+
+    Args:
+        trainer: the trainer (its strategy, precision plugin and first optimizer are used).
+        pl_module: the LightningModule whose ``training_step`` runs.
+        source: whose ``train_dataloader()`` (and ``val_dataloader()``) build the batches.
+        steps: training steps per trial.
+        owner: the callback's name, for error messages.
+        error_type: the exception raised when another rank failed.
+        collective_timeout: seconds to wait for the other ranks at each agreement (``None``:
+            the pack's default, see :func:`~lightning_speedpack.core.collectives.
+            collective_timeout`).
+    """
 
     def __init__(
         self,
@@ -108,14 +189,18 @@ class TrialRunner:
         *,
         owner: str,
         error_type: type[Exception] = RuntimeError,
+        collective_timeout: float | None = None,
     ) -> None:
         self.trainer, self.module, self.source, self.steps = trainer, pl_module, source, steps
         self.owner, self.error_type = owner, error_type
         self.optimizer = trainer.optimizers[0]
         self.has_val = trainer.limit_val_batches != 0 and is_overridden("val_dataloader", source)
+        self.collective_timeout = collective_timeout
+        self.trial = 0  # trials run so far (for messages)
 
     def __call__(self, size: int) -> tuple[bool, float | None]:
         """Run one trial at ``size``; return (fits on every rank, mean samples/s or None)."""
+        self.trial += 1
         error: BaseException | None = None
         speed: float | None = None
         try:
@@ -134,11 +219,11 @@ class TrialRunner:
         if not fits:
             free_memory()
         if self.trainer.world_size > 1:
-            return self._agree(fits, speed, error)
+            return self._agree(size, fits, speed, error)
         return fits, speed
 
     def _agree(
-        self, fits: bool, speed: float | None, error: BaseException | None
+        self, size: int, fits: bool, speed: float | None, error: BaseException | None
     ) -> tuple[bool, float | None]:
         # One small collective per trial: how many ranks fit, how many failed otherwise, and
         # the sum of their samples/s (so every rank sees the same mean and decides the same).
@@ -148,7 +233,7 @@ class TrialRunner:
             dtype=torch.float64,
             device=strategy.root_device,
         )
-        total = strategy.reduce(votes, reduce_op="sum")
+        total = self._reduce(votes, size, error)
         n_fit, n_failed, speed_sum = total.tolist()
         if error is not None:
             raise error
@@ -160,18 +245,38 @@ class TrialRunner:
         agreed = round(n_fit) == world
         return agreed, (speed_sum / world if agreed and speed is not None else None)
 
+    def _reduce(self, votes: torch.Tensor, size: int, error: BaseException | None) -> torch.Tensor:
+        if not torch.distributed.is_initialized():  # another launcher: the strategy's reduce
+            return self.trainer.strategy.reduce(votes, reduce_op="sum")  # type: ignore[no-any-return]
+        what = f"{self.owner}: rank agreement for batch size {size} (trial {self.trial})"
+        try:
+            return bounded_all_reduce(
+                votes, timeout_s=collective_timeout(self.collective_timeout), what=what
+            )
+        except CollectiveTimeoutError as err:
+            if error is not None:  # this rank's own error is the cause: raise that one
+                raise error from err
+            raise
+
+    def _open(self, stack: ExitStack, make: Any) -> Iterator[Any]:
+        return iterate_batches(stack.enter_context(main_process_loading(make())))
+
     def _train(self, size: int) -> float | None:
         """Run the training steps; return samples/s of the steps after the first (warm-up)."""
+        with ExitStack() as stack:
+            return self._train_steps(size, stack)
+
+    def _train_steps(self, size: int, stack: ExitStack) -> float | None:
         strategy, module = self.trainer.strategy, self.module
         precision = self.trainer.precision_plugin
         module.train()
-        batches = iterate_batches(self.source.train_dataloader())
+        batches = self._open(stack, self.source.train_dataloader)
         rates: list[float] = []
         for step in range(self.steps):
             try:
                 batch = next(batches)
             except StopIteration:
-                batches = iterate_batches(self.source.train_dataloader())
+                batches = self._open(stack, self.source.train_dataloader)
                 batch = next(batches)
             if step >= 1:  # time transfer and step only, not the loading of the batch
                 sync_device(strategy.root_device)
@@ -196,7 +301,8 @@ class TrialRunner:
 
     def _validate(self) -> None:
         module, precision = self.module, self.trainer.precision_plugin
-        batch = next(iterate_batches(self.source.val_dataloader()), None)
+        with main_process_loading(self.source.val_dataloader()) as loaders:
+            batch = next(iterate_batches(loaders), None)
         if batch is None:
             return
         batch = self.trainer.strategy.batch_to_device(batch)

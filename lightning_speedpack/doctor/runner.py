@@ -31,6 +31,7 @@ import torch
 from typing_extensions import override
 
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.collectives import bounded_all_reduce, collective_timeout
 from lightning_speedpack.core.lightning import Callback, classes
 from lightning_speedpack.core.registry import (
     Diagnosable,
@@ -52,6 +53,7 @@ TOOLS = (
     "lightning_speedpack.retention.callback",
     "lightning_speedpack.batch_size.callback",
     "lightning_speedpack.advisor.callback",
+    "lightning_speedpack.timeline.callback",
 )
 
 
@@ -100,9 +102,13 @@ class RunRecorder(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         wall = time.perf_counter() - self._start
         samples = self._samples
-        if trainer.world_size > 1:  # one collective per fit, not per step
-            total = trainer.strategy.reduce(torch.tensor(float(samples)), reduce_op="sum")
-            samples = int(total.item())  # type: ignore[union-attr]
+        if trainer.world_size > 1 and torch.distributed.is_initialized():  # once per fit
+            total = bounded_all_reduce(
+                torch.tensor([float(samples)], dtype=torch.float64, device=pl_module.device),
+                timeout_s=collective_timeout(),
+                what="speedpack doctor: total samples at the end of fit",
+            )
+            samples = int(total[0].item())
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         self.runs.append(
             RunSummary(

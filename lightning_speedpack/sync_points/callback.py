@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from typing_extensions import override
 
+from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
@@ -35,6 +37,31 @@ def _sync_debug_api(trainer: pl.Trainer) -> SyncDebugApi | None:
     if trainer.strategy.root_device.type != "cuda":
         return None
     return torch.cuda.get_sync_debug_mode, torch.cuda.set_sync_debug_mode
+
+
+class _PublishingDetector(SyncDetector):
+    """A :class:`SyncDetector` that also publishes each recorded sync on ``events.SYNC_POINT``.
+
+    Other tools (the step timeline) listen there without importing this one. When nobody
+    listens it costs one dict lookup per sync.
+    """
+
+    @override
+    def hit(self, kind: str, frame: FrameType | None) -> None:
+        if not events.has_subscribers(events.SYNC_POINT):
+            super().hit(kind, frame)
+            return
+        before = {key: rec.count for key, rec in self._records.items()}
+        try:
+            super().hit(kind, frame)
+        finally:  # published before a SyncPointError propagates, too
+            for key, rec in self._records.items():
+                if rec.count != before.get(key, 0):
+                    events.publish(
+                        events.SYNC_POINT,
+                        events.SyncPoint(rec.kind, rec.location, rec.origin, self.step),
+                    )
+                    break
 
 
 class SyncPointWarnings(Callback):
@@ -168,7 +195,7 @@ class SyncPointWarnings(Callback):
         self._report = []
         self._train_batches = 0
         self._warn = self.mode == "warn" and trainer.is_global_zero
-        self._detector = SyncDetector(
+        self._detector = _PublishingDetector(
             include_cpu=self.include_cpu,
             raise_on_user=self.mode == "error",
             allow=self.allow,

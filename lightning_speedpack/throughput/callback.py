@@ -12,6 +12,11 @@ import torch
 from typing_extensions import override
 
 from lightning_speedpack.core.batch import infer_batch_size
+from lightning_speedpack.core.collectives import (
+    bounded_all_reduce,
+    collective_timeout,
+    validate_timeout,
+)
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, classes, rank_zero_info
 from lightning_speedpack.core.registry import register_diagnostic
@@ -89,6 +94,10 @@ class ThroughputLogger(Callback):
             ``"auto"`` to measure them once. None: no FLOP/s or MFU.
         gpu_stats: sample NVML (``system/gpu/*``) and psutil (``system/*``) statistics.
         prefix: prefix of the throughput keys.
+        collective_timeout: (keyword-only) seconds the DDP world combine may wait for the other
+            ranks; default ``LIGHTNING_SPEEDPACK_COLLECTIVE_TIMEOUT`` or 300 s, never above the
+            process group's timeout. A rank that died or is stuck makes the others raise
+            ``CollectiveTimeoutError`` naming the step, instead of hanging.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -115,10 +124,15 @@ class ThroughputLogger(Callback):
         flops_per_batch: int | float | Callable[[Any], float] | str | None = None,
         gpu_stats: bool = True,
         prefix: str = "throughput/",
+        *,
+        collective_timeout: float | None = None,
     ) -> None:
         _check_args(
             batch_size_fn, items_fn, window, log_every_n_steps, flops_per_batch, gpu_stats, prefix
         )
+        if collective_timeout is not None:
+            collective_timeout = validate_timeout("collective_timeout", collective_timeout)
+        self.collective_timeout = collective_timeout
         self.batch_size_fn = batch_size_fn
         self.items_fn = items_fn
         self.window = window
@@ -368,10 +382,17 @@ class ThroughputLogger(Callback):
             *extra,
         ]
         if trainer.world_size > 1:
-            summed = trainer.strategy.reduce(
-                torch.tensor(vector, dtype=torch.float64, device=pl_module.device), reduce_op="sum"
-            )
-            vector = summed.tolist()  # type: ignore[union-attr]
+            local_sums = torch.tensor(vector, dtype=torch.float64, device=pl_module.device)
+            if torch.distributed.is_initialized():
+                # bounded: a rank that died or is stuck fails this one with a clear message
+                summed = bounded_all_reduce(
+                    local_sums,
+                    timeout_s=collective_timeout(self.collective_timeout),
+                    what=f"ThroughputLogger: world samples/s combine at step {trainer.global_step}",
+                )
+            else:  # a strategy without torch.distributed: its own reduce
+                summed = trainer.strategy.reduce(local_sums, reduce_op="sum")
+            vector = summed.tolist()
         n = len(RATE_FIELDS)
         ranks = round(vector[n])
         world = combine_ranks(vector[:n], ranks) if ranks > 0 else None

@@ -11,6 +11,7 @@ import contextlib
 import os
 import statistics
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,19 @@ class NvmlSampler:
     One daemon thread (named ``speedpack-nvml-sampler``) reads NVML; :meth:`read` returns
     the per-device means over the samples since the previous read (the last sample when
     there were none). :meth:`stop` ends the thread, joins it and shuts NVML down.
+
+    Fork-safe: a process forked while the sampler runs (e.g. a DataLoader worker) gets a
+    sampler that is stopped, with a fresh lock (the thread may have held the parent's at the
+    moment of the fork) and that does not shut NVML down (the parent owns it).
+
+    Example:
+        >>> table = NvmlFunctions(handle=lambda i: i, utilization=lambda h: 50.0,
+        ...                       memory_used_bytes=lambda h: 2e9, power_mw=lambda h: 1e5,
+        ...                       temperature_c=lambda h: 60.0)
+        >>> sampler = NvmlSampler(table, [0])
+        >>> sampler.sample()
+        >>> sampler.read()["util"], sampler.peak_mem_used_gb
+        ([50.0], 2.0)
     """
 
     def __init__(
@@ -112,6 +126,15 @@ class NvmlSampler:
         self.peak_mem_used_gb = 0.0
         self._thread: threading.Thread | None = None
         self._closed = False
+        _SAMPLERS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: no thread, a fresh (unheld) lock, and NVML left to the parent."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._stop.set()
+        self._thread = None
+        self._closed = True
 
     def sample(self) -> None:
         """Take one sample of every device now (the thread calls this every ``interval``)."""
@@ -173,6 +196,18 @@ class NvmlSampler:
             self._closed = True
             with contextlib.suppress(Exception):  # best effort
                 self._functions.shutdown()
+
+
+_SAMPLERS: weakref.WeakSet[NvmlSampler] = weakref.WeakSet()
+
+
+def _reset_samplers_in_child() -> None:
+    for sampler in list(_SAMPLERS):
+        sampler._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reset_samplers_in_child)
 
 
 def summarize(per_device: dict[str, list[float]], prefix: str = "system/gpu/") -> dict[str, float]:

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -83,6 +85,39 @@ def test_sampler_thread_samples_in_the_background() -> None:
         time.sleep(0.01)
     sampler.stop()
     assert calls >= 3
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork only")
+def test_a_forked_child_gets_a_stopped_sampler_with_a_free_lock() -> None:
+    fake = FakeNvml()
+    sampler = NvmlSampler(fake.table(), [0], interval=0.01)
+    sampler.start()
+    read_end, write_end = os.pipe()
+    try:
+        with sampler._lock:  # the thread may hold it at the moment of a fork
+            with warnings.catch_warnings():  # Python 3.12+ warns about fork with threads
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+            if pid == 0:  # the child: report, then leave without running any cleanup
+                try:
+                    free = sampler._lock.acquire(timeout=5)
+                    if free:
+                        sampler._lock.release()
+                    sampler.stop()  # must not shut down the parent's NVML
+                    util = sampler.read()["util"] if free else "blocked"
+                    report = f"{sampler.running} {free} {util} {fake.shutdowns}"
+                    os.write(write_end, report.encode())
+                finally:
+                    os._exit(0)
+        os.close(write_end)
+        report = os.read(read_end, 1000).decode()
+        os.waitpid(pid, 0)
+        assert sampler.running  # the parent's thread is untouched
+    finally:
+        os.close(read_end)
+        sampler.stop()
+    assert report == "False True [40.0] 0"  # not running, lock free, readable, NVML left alone
+    assert fake.shutdowns == 1
 
 
 def test_sampler_needs_a_device() -> None:

@@ -1,0 +1,75 @@
+"""The doctor's own cost: a fit with every registered diagnostic attached against none.
+
+The small CNN with 2 persistent DataLoader workers (the doctor's typical patient), fitted with
+``DoctorSession().installed()`` around the Trainer -- exactly what ``speedpack doctor`` does to a
+script -- against the same fit without it, alternating the two, median of ``--repeats``.
+Goal (issue 17): <= 1.05x.
+
+Run ``.venv/bin/python benchmarks/doctor.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+from typing import Any
+
+import torch
+from _common import SmallCNN, alternate, print_table, quiet_trainer
+from torch.utils.data import DataLoader
+
+from lightning_speedpack.doctor.runner import DoctorSession
+
+
+class LoadedCNN(SmallCNN):
+    """SmallCNN fed by 2 persistent workers, as a real script's loader would be."""
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(
+            self.data, batch_size=self.batch_size, num_workers=2, persistent_workers=True
+        )
+
+
+def _fit(epochs: int, doctor: bool) -> float:
+    import time
+
+    session = DoctorSession()
+    if doctor:
+        session.install()
+    try:
+        trainer = quiet_trainer(max_epochs=epochs, log_every_n_steps=8)
+        model = LoadedCNN()
+        start = time.perf_counter()
+        trainer.fit(model)
+        return time.perf_counter() - start
+    finally:
+        session.uninstall()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer epochs and repeats")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    repeats = args.repeats or 5
+    epochs = 2 if args.quick else 6
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    _fit(1, doctor=True)  # warm-up: imports every tool, fills caches
+    medians = alternate(
+        {"no doctor": lambda: _fit(epochs, False), "doctor": lambda: _fit(epochs, True)},
+        repeats=repeats,
+    )
+    base = medians["no doctor"]
+    print_table(
+        f"SmallCNN, 2 workers, {epochs} epochs x 16 steps, median of {repeats} alternating fits",
+        ["variant", "fit s", "x no doctor"],
+        [[name, seconds, seconds / base] for name, seconds in medians.items()],
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""A tiny publish/subscribe point, so one tool can announce what another listens for.
+
+Tools never import each other (see the layout rules); when one tool's observation is useful to
+another, the first *publishes* it here and the second *subscribes*. The first use: the
+sync-point detector publishes every host-device sync it records (:data:`SYNC_POINT`, a
+:class:`SyncPoint`), and the step timeline marks each one in its trace.
+
+Publishing costs one dict lookup when nobody listens; a publisher that has to do work to build
+its message asks :func:`has_subscribers` first. Listeners run synchronously, on the
+publisher's thread, in subscription order; an exception in a listener reaches the publisher.
+This module imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "SYNC_POINT",
+    "Subscription",
+    "SyncPoint",
+    "has_subscribers",
+    "publish",
+    "subscribe",
+    "subscriber_count",
+]
+
+#: Topic of :class:`SyncPoint` messages: one per host-device sync a detector records.
+SYNC_POINT = "sync_point"
+
+Listener = Callable[[Any], None]
+
+# topic -> listeners; replaced (never mutated) on change, so `publish` reads it without a lock.
+_LISTENERS: dict[str, tuple[Listener, ...]] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """One host-device synchronisation, as published on :data:`SYNC_POINT`.
+
+    Attributes:
+        kind: what synced (``"item"``, ``"cpu copy"``, ...).
+        location: ``"path/file.py:LINE"`` of the call site.
+        origin: ``"user"`` or ``"framework"``.
+        step: ``trainer.global_step`` when it happened.
+    """
+
+    kind: str
+    location: str
+    origin: str = "user"
+    step: int = 0
+
+
+class Subscription:
+    """A listener's registration; :meth:`close` (or leaving a ``with`` block) removes it.
+
+    Example:
+        >>> seen = []
+        >>> with subscribe("demo", seen.append):
+        ...     publish("demo", 1)
+        >>> publish("demo", 2)
+        >>> seen
+        [1]
+    """
+
+    def __init__(self, topic: str, listener: Listener) -> None:
+        self.topic = topic
+        self.listener = listener
+        self.closed = False
+
+    def close(self) -> None:
+        """Remove the listener (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        with _LOCK:
+            remaining = list(_LISTENERS.get(self.topic, ()))
+            if self.listener in remaining:
+                remaining.remove(self.listener)
+            if remaining:
+                _LISTENERS[self.topic] = tuple(remaining)
+            else:
+                _LISTENERS.pop(self.topic, None)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def subscribe(topic: str, listener: Listener) -> Subscription:
+    """Call ``listener(message)`` for every message published on ``topic`` until closed.
+
+    Raises:
+        TypeError: ``topic`` is not a string or ``listener`` is not callable.
+    """
+    if not isinstance(topic, str):
+        raise TypeError(f"`topic` must be a str, got {topic!r}")
+    if not callable(listener):
+        raise TypeError(f"`listener` must be callable, got {listener!r}")
+    with _LOCK:
+        _LISTENERS[topic] = (*_LISTENERS.get(topic, ()), listener)
+    return Subscription(topic, listener)
+
+
+def has_subscribers(topic: str) -> bool:
+    """Whether anyone listens on ``topic`` (cheap: ask before building a costly message)."""
+    return topic in _LISTENERS
+
+
+def subscriber_count(topic: str | None = None) -> int:
+    """How many listeners ``topic`` has (every topic's when None); tests check it drops to 0."""
+    if topic is not None:
+        return len(_LISTENERS.get(topic, ()))
+    return sum(len(v) for v in _LISTENERS.values())
+
+
+def publish(topic: str, message: Any) -> None:
+    """Hand ``message`` to every listener of ``topic``, in subscription order."""
+    for listener in _LISTENERS.get(topic, ()):
+        listener(message)

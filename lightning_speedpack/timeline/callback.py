@@ -1,0 +1,577 @@
+"""StepTimeline: each training step's phases as profiler/NVTX ranges, a live breakdown, a trace."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._C._autograd import _profiler_enabled
+from typing_extensions import override
+
+from lightning_speedpack.core import events
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.lightning import Callback, classes, rank_zero_warn
+from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
+from lightning_speedpack.timeline.nvtx import NvtxApi, resolve_nvtx
+from lightning_speedpack.timeline.phases import PHASES, PhaseClock, shares
+from lightning_speedpack.timeline.ranges import RangeStack
+from lightning_speedpack.timeline.trace import (
+    SYNC_PREFIX,
+    TopOp,
+    TraceWindow,
+    check_trace_steps,
+    parse_trace_steps,
+)
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = ["TRACE_DIR_ENV", "TRACE_ENV", "StepTimeline"]
+
+#: ``START:COUNT``: the trace window of the doctor's StepTimeline (``speedpack doctor --trace``).
+TRACE_ENV = "LIGHTNING_SPEEDPACK_TRACE"
+#: Where the doctor's StepTimeline writes its trace (default: the Trainer's log dir).
+TRACE_DIR_ENV = "LIGHTNING_SPEEDPACK_TRACE_DIR"
+
+_RANGE = {phase: f"speedpack/{phase}" for phase in PHASES}
+_STEP_RANGE = "speedpack/step"
+_PREFIX = "throughput/phase/"
+
+
+class StepTimeline(Callback):
+    r"""Show where each training step's time goes: ranges for profilers, a live breakdown, a trace.
+
+    Every training batch is cut into phases, each opened and closed from Lightning's hooks:
+
+    ==============================  ================================================================
+    Range                           From ... to
+    ==============================  ================================================================
+    ``speedpack/data_wait``         the end of the previous batch to ``on_train_batch_start``: the
+                                    DataLoader's next batch, its copy to the device, and what
+                                    Lightning runs after ``on_train_batch_end`` (later callbacks'
+                                    and the module's ``on_train_batch_end``, logger writes)
+    ``speedpack/training_step``     ``on_train_batch_start`` to the next phase: the forward pass
+    ``speedpack/zero_grad``         ``on_before_zero_grad`` to ``on_before_backward``
+    ``speedpack/backward``          ``on_before_backward`` to ``on_after_backward``
+    ``speedpack/optimizer_step``    ``on_before_optimizer_step`` to the end of the optimizer's
+                                    ``step`` (gradient clipping and the update)
+    ``speedpack/other``             the rest of the step: Lightning's glue between the phases
+    ``speedpack/step_<N>``          encloses one batch's phases (``N`` = ``global_step``); NVTX
+                                    names it ``speedpack/step``
+    ==============================  ================================================================
+
+    With gradient accumulation, the batches that do not step have no ``zero_grad`` and
+    ``optimizer_step``. With manual optimisation, ``backward`` (``manual_backward``) and
+    ``optimizer_step`` (each ``opt.step()``, however many optimizers) are nested inside
+    ``training_step``, which also holds ``opt.zero_grad()`` (no hook marks it).
+
+    1. **Ranges** (``ranges=True``): each phase is a ``torch.profiler.record_function`` range
+       (opened only while a profiler records, so it costs nothing otherwise) and, with
+       ``nvtx="auto"`` on a machine with CUDA, an NVTX range of the same name, so
+       ``nsys profile -t cuda,nvtx python train.py`` shows the phases with no edit to the script.
+    2. **Live breakdown**: host-side durations (``time.perf_counter``, never a device sync)
+       averaged per batch over the batches since the last log, logged as below. On a GPU these
+       are *host* times: the CPU runs ahead of the GPU, so a phase's kernels may finish during a
+       later phase, and a phase that waits for the device (a sync, a full queue) absorbs that
+       wait. Over a window their sum is the real step time.
+    3. **Trace window** (``trace_steps=(start, count)``): ``torch.profiler`` (CPU, and CUDA when
+       training on CUDA) records only steps ``start .. start + count - 1`` (each with the data
+       wait before it), writes ``speedpack-steps<first>-<last>-rank<R>.pt.trace.json`` into
+       ``trace_dir`` (open it in https://ui.perfetto.dev), prints the top operators by self time,
+       and logs the file to W&B as a ``profile`` artifact when a ``WandbLogger`` is attached.
+    4. **Sync points**: with :class:`~lightning_speedpack.SyncPointWarnings` attached too, each
+       sync it records inside the window is an instant event ``speedpack/sync/<kind>@<file:line>``
+       in the trace (and an NVTX mark while NVTX is on).
+
+    ===================================  ==========================================================
+    Key                                  Meaning
+    ===================================  ==========================================================
+    ``throughput/phase/<phase>_ms``      mean host milliseconds per training batch of ``<phase>``
+                                         (``data_wait``, ``training_step``, ``zero_grad``,
+                                         ``backward``, ``optimizer_step``, ``other``)
+    ===================================  ==========================================================
+
+    Nothing is left behind: after fit, an exception or ``KeyboardInterrupt`` the profiler is
+    stopped (an interrupted window writes no file), every NVTX range is popped, the optimizer
+    hooks are removed and the sync listener is unsubscribed.
+
+    Rank policy: every rank times its own steps and, in a window, writes its own trace (rank in
+    the file name); rank 0 logs its own phase times, prints and uploads to W&B. Nothing crosses
+    ranks.
+
+    Args:
+        ranges: open profiler and NVTX ranges for the phases.
+        nvtx: ``"auto"`` (NVTX when CUDA is available), True (CUDA required), False, or an
+            :class:`~lightning_speedpack.timeline.nvtx.NvtxApi` table to call instead.
+        trace_steps: ``(start, count)`` of the ``global_step``\ s to profile, or None.
+        trace_dir: where the trace goes; default ``<trainer.log_dir>/traces``.
+        log_every_n_steps: log every this many optimizer steps; None follows the Trainer's.
+        record_shapes: ``torch.profiler`` option for the window.
+        profile_memory: ``torch.profiler`` option for the window.
+        with_stack: ``torch.profiler`` option for the window.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: a value is out of range, ``nvtx=True`` without CUDA, or a profiler option
+            without ``trace_steps``.
+
+    Example:
+        >>> from pytorch_lightning import Trainer
+        >>> from pytorch_lightning.demos.boring_classes import BoringModel
+        >>> timeline = StepTimeline()
+        >>> trainer = Trainer(max_steps=4, callbacks=[timeline], logger=False,
+        ...                   enable_progress_bar=False, enable_model_summary=False,
+        ...                   enable_checkpointing=False, accelerator="cpu")
+        >>> trainer.fit(BoringModel())
+        >>> sorted(timeline.phase_shares()) == sorted(PHASES)
+        True
+        >>> round(sum(timeline.phase_shares().values()), 6)
+        1.0
+    """
+
+    def __init__(
+        self,
+        ranges: bool = True,
+        nvtx: bool | str | NvtxApi = "auto",
+        trace_steps: tuple[int, int] | None = None,
+        trace_dir: str | os.PathLike[str] | None = None,
+        log_every_n_steps: int | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+    ) -> None:
+        steps = _check_args(
+            ranges,
+            nvtx,
+            trace_steps,
+            trace_dir,
+            log_every_n_steps,
+            record_shapes,
+            profile_memory,
+            with_stack,
+        )
+        self.ranges = ranges
+        self.nvtx = nvtx
+        self.trace_steps = steps
+        self.trace_dir = trace_dir
+        self.log_every_n_steps = log_every_n_steps
+        self.record_shapes = record_shapes
+        self.profile_memory = profile_memory
+        self.with_stack = with_stack
+
+        self._clock = PhaseClock()
+        self._last_logged_step = -1
+        self.last_metrics: dict[str, float] = {}
+        self.trace_path: Path | None = None
+        self.top_ops: list[TopOp] = []
+        # runtime-only: never pickled
+        self._ranges = RangeStack(None, profiler=False)
+        self._window: TraceWindow | None = None
+        self._subscription: events.Subscription | None = None
+        self._hooks: list[Any] = []
+        self._manual = False
+        self._in_batch = False
+        self._step_open = False
+        self._training = False
+        self._sync_always = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(
+            _ranges=RangeStack(None, profiler=False),
+            _window=None,
+            _subscription=None,
+            _hooks=[],
+            _in_batch=False,
+            _step_open=False,
+            _training=False,
+        )
+        return state
+
+    # ---- results ---------------------------------------------------------------------------
+
+    def phase_ms(self) -> dict[str, float]:
+        """Mean host milliseconds per training batch of each phase, over the whole fit."""
+        return self._clock.run.mean_ms()
+
+    def phase_shares(self) -> dict[str, float]:
+        """Each phase's share of the training batches' host time, over the whole fit."""
+        return shares(self._clock.run.seconds)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._cleanup()
+        self._clock.reset()
+        self._last_logged_step = -1
+        self.last_metrics = {}
+        self.trace_path = None
+        self.top_ops = []
+        table = resolve_nvtx(self.nvtx) if self.ranges else None
+        self._ranges = RangeStack(table, profiler=self.ranges)
+        self._sync_always = table is not None
+        self._window = None
+        if self.trace_steps is not None:
+            directory = (
+                Path(self.trace_dir)
+                if self.trace_dir is not None
+                else Path(trainer.log_dir or trainer.default_root_dir) / "traces"
+            )
+            start, count = self.trace_steps
+            self._window = TraceWindow(
+                start,
+                count,
+                directory,
+                rank=trainer.global_rank,
+                cuda=trainer.strategy.root_device.type == "cuda",
+                record_shapes=self.record_shapes,
+                profile_memory=self.profile_memory,
+                with_stack=self.with_stack,
+            )
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._manual = not pl_module.automatic_optimization
+        self._training = True
+        for optimizer in trainer.optimizers:
+            self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        if self._sync_always:
+            self._listen()
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._open_step(trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._step_open:
+            self._open_step(trainer)
+        self._in_batch = True
+        self._flat("training_step")
+
+    @override
+    def on_before_zero_grad(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._in_batch:
+            self._enter("zero_grad")
+
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
+        if self._in_batch:
+            self._enter("backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._in_batch:
+            self._leave()
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._in_batch:
+            self._enter("optimizer_step")
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._in_batch and self._clock.current == "optimizer_step":
+            self._leave()
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._ranges.close_all()
+        self._clock.end_batch(time.perf_counter())
+        self._in_batch = False
+        self._step_open = False
+        step = trainer.global_step
+        window = self._window
+        if window is not None and window.should_stop(step):
+            self._finish_window(trainer)
+        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        if step % every == 0 and step != self._last_logged_step:
+            self._log(trainer)
+        self._open_step(trainer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._training:
+            self._pause()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._training and not trainer.sanity_checking:
+            self._open_step(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pause()
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._pause()
+        self._clock.discard_batch()  # a data wait with no batch after it
+        if self._window is not None and self._window.running:
+            self._finish_window(trainer)
+        if self._clock.window.batches and trainer.global_step != self._last_logged_step:
+            self._log(trainer)
+        self._cleanup()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._cleanup()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._cleanup()
+
+    # ---- doctor ----------------------------------------------------------------------------
+
+    def doctor_figures(self) -> dict[str, Any]:
+        """``{"phase_share": {phase: fraction}, "phase_ms": {phase: ms per batch}}``."""
+        if not self._clock.run.batches:
+            return {}
+        return {
+            "phase_share": {k: round(v, 4) for k, v in self.phase_shares().items()},
+            "phase_ms": {k: round(v, 3) for k, v in self.phase_ms().items()},
+        }
+
+    def doctor_findings(self) -> list[Finding]:
+        """The share of a training batch each phase takes, and the trace file (both info)."""
+        out: list[Finding] = []
+        if self._clock.run.batches:
+            ranked = sorted(self.phase_shares().items(), key=lambda kv: -kv[1])
+            breakdown = ", ".join(f"{name} {share:.0%}" for name, share in ranked if share > 0)
+            out.append(
+                Finding(
+                    "timeline",
+                    "step-phases",
+                    f"Where a training batch's host time goes: {breakdown}",
+                    figures={k: round(v, 4) for k, v in ranked},
+                    severity="info",
+                    fix=(
+                        "profile a few steps with StepTimeline(trace_steps=(START, COUNT)) or "
+                        "`speedpack doctor --trace START:COUNT` to see the operators of the "
+                        "largest phase"
+                    ),
+                )
+            )
+        if self.trace_path is not None:
+            top = ", ".join(f"{op.name} {op.self_ms:.1f} ms" for op in self.top_ops[:3])
+            out.append(
+                Finding(
+                    "timeline",
+                    "trace",
+                    f"Trace of the profiled steps written; top operators by self time: {top}",
+                    location=str(self.trace_path),
+                    figures={op.name: round(op.self_ms, 3) for op in self.top_ops},
+                    severity="info",
+                    fix="open the file in https://ui.perfetto.dev",
+                )
+            )
+        return out
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _open_step(self, trainer: pl.Trainer) -> None:
+        """Start the next batch: its step range and its data wait (and maybe the window)."""
+        if self._step_open or not self._training:
+            return
+        step = trainer.global_step
+        window = self._window
+        if window is not None and window.should_start(step):
+            self._start_window(step)
+        if window is not None and window.running:
+            window.saw_step(step)
+        self._step_open = True
+        self._ranges.push(f"speedpack/step_{step}", _STEP_RANGE)
+        self._ranges.push(_RANGE["data_wait"])
+        self._clock.switch("data_wait", time.perf_counter())
+
+    def _pause(self) -> None:
+        """Stop charging time and close the open ranges (validation, between epochs)."""
+        self._clock.switch(None, time.perf_counter())
+        self._ranges.close_all()
+        self._in_batch = False
+        self._step_open = False
+
+    def _flat(self, phase: str) -> None:
+        self._ranges.pop_to(1)
+        self._ranges.push(_RANGE[phase])
+        self._clock.switch(phase, time.perf_counter())
+
+    def _enter(self, phase: str) -> None:
+        if not self._manual:
+            self._flat(phase)
+            return
+        self._ranges.pop_to(2)  # nested inside training_step
+        self._ranges.push(_RANGE[phase])
+        self._clock.switch(phase, time.perf_counter())
+
+    def _leave(self) -> None:
+        if not self._manual:
+            self._flat("other")
+            return
+        self._ranges.pop_to(2)
+        self._clock.switch("training_step", time.perf_counter())
+
+    def _log(self, trainer: pl.Trainer) -> None:
+        self._last_logged_step = trainer.global_step
+        means = self._clock.take_window()
+        if not trainer.is_global_zero:
+            return
+        metrics = {f"{_PREFIX}{name}_ms": value for name, value in means.items()}
+        self.last_metrics = metrics
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _listen(self) -> None:
+        if self._subscription is None:
+            self._subscription = events.subscribe(events.SYNC_POINT, self._on_sync)
+
+    def _on_sync(self, sync: events.SyncPoint) -> None:
+        if self._step_open:
+            self._ranges.instant(f"{SYNC_PREFIX}{sync.kind}@{sync.location}")
+
+    def _start_window(self, step: int) -> None:
+        window = self._window
+        if window is None:
+            return
+        if _profiler_enabled():
+            window.done = True
+            rank_zero_warn(
+                "StepTimeline: another torch profiler is already recording, so the trace "
+                f"window {self.trace_steps} is skipped"
+            )
+            return
+        window.start(step)
+        self._listen()
+
+    def _finish_window(self, trainer: pl.Trainer) -> None:
+        window = self._window
+        if window is None:
+            return
+        window.stop()
+        if not self._sync_always and self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+        self.trace_path = window.path
+        self.top_ops = window.top_ops
+        if trainer.is_global_zero and window.path is not None:
+            _print_top_ops(window)
+            _log_wandb_artifact(trainer, window.path)
+
+    def _cleanup(self) -> None:
+        """Stop the profiler, pop every range, remove hooks and listeners (idempotent)."""
+        self._training = False
+        self._in_batch = False
+        self._step_open = False
+        try:
+            self._ranges.close_all()
+        finally:
+            if self._window is not None:
+                self._window.abort()
+            if self._subscription is not None:
+                self._subscription.close()
+                self._subscription = None
+            hooks, self._hooks = self._hooks, []
+            for handle in hooks:
+                handle.remove()
+
+
+def _print_top_ops(window: TraceWindow) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"Top operators by self time, steps {window.first_step}-{window.last_step}",
+        caption=f"trace: {window.path} (open in https://ui.perfetto.dev)",
+    )
+    for column in ("operator", "self ms", "calls"):
+        table.add_column(column, overflow="fold")
+    for op in window.top_ops:
+        table.add_row(op.name, f"{op.self_ms:.3f}", str(op.calls))
+    Console(stderr=True).print(table)
+
+
+def _log_wandb_artifact(trainer: pl.Trainer, path: Path) -> None:
+    loggers = [lg for lg in trainer.loggers if isinstance(lg, classes("loggers.WandbLogger"))]
+    if not loggers:
+        return
+    import wandb
+
+    for logger in loggers:
+        run = logger.experiment
+        artifact = wandb.Artifact(name=f"speedpack-trace-{run.id}", type="profile")
+        artifact.add_file(str(path))
+        run.log_artifact(artifact)
+
+
+def _check_args(
+    ranges: Any,
+    nvtx: Any,
+    trace_steps: Any,
+    trace_dir: Any,
+    log_every_n_steps: Any,
+    record_shapes: Any,
+    profile_memory: Any,
+    with_stack: Any,
+) -> tuple[int, int] | None:
+    flags = {
+        "ranges": ranges,
+        "record_shapes": record_shapes,
+        "profile_memory": profile_memory,
+        "with_stack": with_stack,
+    }
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"`{name}` must be a bool, got {value!r}")
+    if not (isinstance(nvtx, (bool, NvtxApi)) or nvtx == "auto"):
+        raise (ValueError if isinstance(nvtx, str) else TypeError)(
+            f"`nvtx` must be 'auto', True, False or an NvtxApi, got {nvtx!r}"
+        )
+    if nvtx is True and not torch.cuda.is_available():
+        raise ValueError("`nvtx=True` needs CUDA (torch.cuda.is_available() is False); use 'auto'")
+    steps = check_trace_steps(trace_steps)
+    if trace_dir is not None and not isinstance(trace_dir, (str, os.PathLike)):
+        raise TypeError(f"`trace_dir` must be a path or None, got {trace_dir!r}")
+    if log_every_n_steps is not None and (
+        isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
+    ):
+        raise TypeError(f"`log_every_n_steps` must be an int or None, got {log_every_n_steps!r}")
+    if log_every_n_steps is not None and log_every_n_steps < 1:
+        raise ValueError(f"`log_every_n_steps` must be a positive int, got {log_every_n_steps}")
+    options = [name for name in ("record_shapes", "profile_memory", "with_stack") if flags[name]]
+    if steps is None and options:
+        raise ValueError(
+            f"{', '.join(f'`{o}`' for o in options)} only apply to a trace window: "
+            "pass `trace_steps=(start, count)` too"
+        )
+    return steps
+
+
+def _doctor_factory(ctx: DoctorContext) -> StepTimeline:
+    text = os.environ.get(TRACE_ENV, "").strip()
+    steps = parse_trace_steps(text) if text else None
+    return StepTimeline(trace_steps=steps, trace_dir=os.environ.get(TRACE_DIR_ENV) or None)
+
+
+register_diagnostic("timeline", StepTimeline, factory=_doctor_factory, order=60)

@@ -1,0 +1,453 @@
+"""StepTimeline on real Trainers: ranges, the live breakdown, the trace window, cleanup."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pytorch_lightning import Callback, Trainer
+from pytorch_lightning.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_speedpack.core import events
+from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
+from lightning_speedpack.sync_points import SyncPointWarnings
+from lightning_speedpack.timeline import PHASES, NvtxApi, RecordingNvtx, StepTimeline
+from lightning_speedpack.timeline.callback import TRACE_DIR_ENV, TRACE_ENV
+from tests.helpers import global_state
+from tests.helpers.models import TinyCNN, quiet_trainer_kwargs
+from tests.helpers.namespaces import Namespace, each_namespace
+
+PHASE_RANGES = {f"speedpack/{p}" for p in PHASES}
+
+
+def _clean() -> None:
+    """What every fit must leave: no profiler, no sync listener."""
+    assert not torch.autograd._profiler_enabled()
+    assert events.subscriber_count() == 0
+
+
+# ---- arguments ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"ranges": 1}, TypeError, "`ranges` must be a bool"),
+        ({"nvtx": "on"}, ValueError, "`nvtx` must be 'auto'"),
+        ({"nvtx": 1}, TypeError, "`nvtx` must be 'auto'"),
+        ({"trace_steps": 5}, TypeError, "`trace_steps` must be None or a pair"),
+        ({"trace_steps": (-1, 2)}, ValueError, "start >= 0"),
+        ({"trace_dir": 3}, TypeError, "`trace_dir` must be a path"),
+        ({"log_every_n_steps": 0}, ValueError, "positive int, got 0"),
+        ({"log_every_n_steps": 2.0}, TypeError, "`log_every_n_steps` must be an int"),
+        ({"record_shapes": "yes"}, TypeError, "`record_shapes` must be a bool"),
+        ({"with_stack": True}, ValueError, "`with_stack` only apply to a trace window"),
+    ],
+)
+def test_arguments_are_validated(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        StepTimeline(**kwargs)
+
+
+def test_nvtx_true_needs_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        StepTimeline(nvtx=True)
+
+
+# ---- the trace window, both namespaces -------------------------------------------------------
+
+
+def _syncing_model(ns: Namespace) -> Any:
+    class Syncing(ns.BoringModel):  # type: ignore[name-defined, misc]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            out = super().training_step(batch, batch_idx)
+            self.last = out["loss"].item()  # the planted sync
+            return out
+
+    return Syncing()
+
+
+def _planted_line(model: Any) -> int:
+    return int(type(model).training_step.__code__.co_firstlineno) + 2
+
+
+def _metrics(logger_dir: Path) -> list[dict[str, str]]:
+    (path,) = logger_dir.glob("**/metrics.csv")
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@each_namespace
+def test_trace_window_phases_syncs_and_logged_keys(ns: Namespace, tmp_path: Path) -> None:
+    before = global_state.snapshot()
+    timeline = StepTimeline(trace_steps=(5, 3), trace_dir=tmp_path / "traces", log_every_n_steps=2)
+    sync = SyncPointWarnings(mode="summary", include_cpu=True)
+    logger = ns.sub("loggers").CSVLogger(tmp_path / "logs")
+    trainer = ns.Trainer(
+        callbacks=[timeline, sync],
+        **quiet_trainer_kwargs(tmp_path, max_steps=10, logger=logger),
+    )
+    model = _syncing_model(ns)
+    trainer.fit(model)
+
+    (trace,) = (tmp_path / "traces").iterdir()
+    assert trace.name == "speedpack-steps5-7-rank0.pt.trace.json"
+    assert timeline.trace_path == trace
+    events_ = json.loads(trace.read_text())["traceEvents"]
+    ranges = [e for e in events_ if str(e.get("name", "")).startswith("speedpack/")]
+    steps = sorted(e["name"] for e in ranges if e["name"].startswith("speedpack/step_"))
+    assert steps == ["speedpack/step_5", "speedpack/step_6", "speedpack/step_7"]
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in ranges if e["name"] in steps]
+    phases = [e for e in ranges if e["name"] in PHASE_RANGES]
+    assert {e["name"] for e in phases} == PHASE_RANGES
+    for name in PHASE_RANGES - {"speedpack/other"}:  # exactly one per profiled step
+        assert sum(e["name"] == name for e in phases) == 3, name
+    # every phase range lies inside one of the three step ranges
+    assert all(any(a <= e["ts"] and e["ts"] + e["dur"] <= b for a, b in spans) for e in phases)
+    instants = [e for e in ranges if e["name"].startswith("speedpack/sync/")]
+    assert {e["name"] for e in instants} == {
+        f"speedpack/sync/item@tests/timeline/test_callback.py:{_planted_line(model)}"
+    }
+    assert len(instants) == 3
+    assert all(e["ph"] == "i" for e in instants)
+    assert "aten::addmm" in [op.name for op in timeline.top_ops]
+
+    rows = [r for r in _metrics(tmp_path / "logs") if r.get("throughput/phase/backward_ms")]
+    assert [int(r["step"]) for r in rows] == [2, 4, 6, 8, 10]
+    keys = {k for r in rows for k, v in r.items() if k.startswith("throughput/phase/") and v}
+    assert keys == {f"throughput/phase/{p}_ms" for p in PHASES}
+    _clean()
+    assert global_state.diff(before, global_state.snapshot()) == {}
+
+
+# ---- accounting: the logged phases add up to the step time ---------------------------------
+
+
+class _SlowData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.004)
+        return torch.randn(3, 32, 32), torch.tensor(i % 10)
+
+
+class _SlowStep(TinyCNN):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        time.sleep(0.02)
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(_SlowData(), batch_size=2)
+
+
+class _BatchEndClock(Callback):
+    """An independent clock: wall time at each on_train_batch_end, by global_step."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        self.ends[trainer.global_step] = time.perf_counter()
+
+
+def test_logged_phases_add_up_to_the_step_time(tmp_path: Path) -> None:
+    timeline = StepTimeline(log_every_n_steps=4)
+    clock = _BatchEndClock()
+    trainer = Trainer(
+        callbacks=[clock, timeline],
+        **quiet_trainer_kwargs(tmp_path, max_steps=12, logger=CSVLogger(tmp_path / "logs")),
+    )
+    trainer.fit(_SlowStep())
+    rows = {int(r["step"]): r for r in _metrics(tmp_path / "logs")}
+    for step in (8, 12):  # windows of batches 4..7 and 8..11
+        phases = {p: float(rows[step][f"throughput/phase/{p}_ms"]) for p in PHASES}
+        measured_ms = (clock.ends[step] - clock.ends[step - 4]) / 4 * 1000
+        assert sum(phases.values()) == pytest.approx(measured_ms, rel=0.10)
+        assert phases["training_step"] >= 20.0  # the 20 ms sleep is the forward's
+        assert phases["data_wait"] >= 8.0  # two samples of 4 ms each
+    assert sum(timeline.phase_shares().values()) == pytest.approx(1.0)
+
+
+# ---- NVTX through an injected table ---------------------------------------------------------
+
+
+def _per_batch(rec: RecordingNvtx) -> list[list[str]]:
+    """The pushes of each batch (split at each step range), `speedpack/` prefix dropped."""
+    batches: list[list[str]] = []
+    for name in rec.pushed():
+        short = name.removeprefix("speedpack/")
+        if short == "step":
+            batches.append([])
+        else:
+            batches[-1].append(short)
+    return batches
+
+
+AUTOMATIC = [
+    "data_wait",
+    "training_step",
+    "zero_grad",
+    "backward",
+    "other",
+    "optimizer_step",
+    "other",
+]
+
+
+def test_nvtx_ranges_automatic_and_accumulation(tmp_path: Path) -> None:
+    rec = RecordingNvtx()
+    timeline = StepTimeline(nvtx=rec.api)
+    trainer = Trainer(
+        callbacks=[timeline],
+        **quiet_trainer_kwargs(tmp_path, max_steps=2, accumulate_grad_batches=2),
+    )
+    trainer.fit(TinyCNN())
+    assert rec.depth == 0
+    assert rec.max_depth == 2
+    batches = _per_batch(rec)
+    # Lightning zeroes the gradients on the first batch of an accumulation, steps on the last
+    first = ["data_wait", "training_step", "zero_grad", "backward", "other"]
+    last = ["data_wait", "training_step", "backward", "other", "optimizer_step", "other"]
+    assert batches[:4] == [first, last, first, last]
+    # after the last batch: data waits opened (after it, after validation) and closed unused
+    assert all(b == ["data_wait"] for b in batches[4:])
+    _clean()
+
+
+class _TwoOptimizers(TinyCNN):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.head = nn.Linear(10, 10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        opt_a, opt_b = self.optimizers()  # type: ignore[misc]
+        x, y = batch
+        for opt, extra in ((opt_a, None), (opt_b, self.head)):
+            opt.zero_grad()
+            logits = self(x) if extra is None else extra(self(x).detach())
+            self.manual_backward(nn.functional.cross_entropy(logits, y))
+            opt.step()
+
+    def configure_optimizers(self) -> Any:
+        return (
+            torch.optim.SGD(self.net.parameters(), lr=0.01),
+            torch.optim.SGD(self.head.parameters(), lr=0.01),
+        )
+
+
+def test_nvtx_ranges_manual_optimisation_two_optimizers(tmp_path: Path) -> None:
+    rec = RecordingNvtx()
+    trainer = Trainer(
+        callbacks=[StepTimeline(nvtx=rec.api)], **quiet_trainer_kwargs(tmp_path, max_steps=4)
+    )
+    trainer.fit(_TwoOptimizers())
+    assert rec.depth == 0
+    assert rec.max_depth == 3  # backward and optimizer_step nest inside training_step
+    nested = ["backward", "optimizer_step"] * 2
+    assert _per_batch(rec)[0] == ["data_wait", "training_step", *nested]
+    # the nesting itself: training_step stays open around the backward/step pairs
+    ops = [(op, (n or "").removeprefix("speedpack/")) for op, n in rec.calls][:14]
+    assert ops == [
+        ("push", "step"),
+        ("push", "data_wait"),
+        ("pop", ""),
+        ("push", "training_step"),
+        ("push", "backward"),
+        ("pop", ""),
+        ("push", "optimizer_step"),
+        ("pop", ""),
+        ("push", "backward"),
+        ("pop", ""),
+        ("push", "optimizer_step"),
+        ("pop", ""),
+        ("pop", ""),
+        ("pop", ""),
+    ]
+    _clean()
+
+
+# ---- nothing left behind after an exception or KeyboardInterrupt -----------------------------
+
+
+class _Crash(TinyCNN):
+    def __init__(self, error: BaseException, at: int = 6) -> None:
+        super().__init__()
+        self.error, self.at = error, at
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if self.trainer.global_step == self.at:
+            raise self.error
+        return loss
+
+
+def _fit_crashing(tmp_path: Path, error: BaseException) -> tuple[RecordingNvtx, StepTimeline]:
+    rec = RecordingNvtx()
+    timeline = StepTimeline(nvtx=rec.api, trace_steps=(5, 3), trace_dir=tmp_path / "traces")
+    trainer = Trainer(
+        callbacks=[timeline, SyncPointWarnings(mode="summary", include_cpu=True)],
+        **quiet_trainer_kwargs(tmp_path, max_steps=10, max_epochs=5),
+    )
+    model = _Crash(error)
+    params = list(model.parameters())
+    try:
+        trainer.fit(model)
+    finally:
+        handler = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT
+    assert handler is not None
+    # the optimizer post-step hooks are gone
+    opt = torch.optim.SGD(params, lr=0.1)
+    assert not opt._optimizer_step_post_hooks
+    assert all(not o._optimizer_step_post_hooks for o in trainer.optimizers)
+    return rec, timeline
+
+
+def test_cleanup_after_an_exception_mid_step(tmp_path: Path) -> None:
+    before = global_state.snapshot()
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit_crashing(tmp_path, RuntimeError("boom"))
+    _clean()
+    assert global_state.diff(before, global_state.snapshot()) == {}
+    assert not (tmp_path / "traces").exists()  # an interrupted window writes no file
+
+
+def test_cleanup_after_keyboard_interrupt(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):  # Lightning's graceful shutdown ends in sys.exit(1)
+        _rec, _ = _fit_crashing(tmp_path, KeyboardInterrupt())
+    _clean()
+
+
+def test_nvtx_balanced_after_exception(tmp_path: Path) -> None:
+    rec = RecordingNvtx()
+    trainer = Trainer(
+        callbacks=[StepTimeline(nvtx=rec.api)], **quiet_trainer_kwargs(tmp_path, max_steps=10)
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(_Crash(RuntimeError("boom"), at=2))
+    assert rec.depth == 0
+    assert rec.max_depth == 2
+    assert rec.calls[-1] == ("pop", None)
+    _clean()
+
+
+def test_nvtx_balanced_after_keyboard_interrupt(tmp_path: Path) -> None:
+    rec = RecordingNvtx()
+    trainer = Trainer(
+        callbacks=[StepTimeline(nvtx=rec.api)], **quiet_trainer_kwargs(tmp_path, max_steps=10)
+    )
+    try:
+        with pytest.raises(SystemExit):
+            trainer.fit(_Crash(KeyboardInterrupt(), at=2))
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert rec.depth == 0
+    assert rec.pushed()[-1] == "speedpack/training_step"
+    _clean()
+
+
+# ---- validation, W&B, doctor, pickling --------------------------------------------------------
+
+
+def test_validation_is_not_charged_and_fits_twice(tmp_path: Path) -> None:
+    rec = RecordingNvtx()
+    timeline = StepTimeline(nvtx=rec.api)
+    for _ in range(2):
+        trainer = Trainer(
+            callbacks=[timeline],
+            **quiet_trainer_kwargs(tmp_path, max_epochs=2, val_check_interval=2),
+        )
+        trainer.fit(TinyCNN(n=64, batch_size=16))
+        assert rec.depth == 0
+        assert timeline._clock.run.batches == 8  # 2 epochs x 4 batches, counted afresh
+    _clean()
+
+
+def test_trace_logged_to_wandb_as_artifact(tmp_path: Path, wandb_offline: Any) -> None:
+    from pytorch_lightning.loggers import WandbLogger
+
+    from tests.helpers.wandb_files import _records
+
+    logger = WandbLogger(project="speedpack-tests", save_dir=str(wandb_offline.dir))
+    timeline = StepTimeline(trace_steps=(1, 1), trace_dir=tmp_path / "traces")
+    trainer = Trainer(
+        callbacks=[timeline], **quiet_trainer_kwargs(tmp_path, max_steps=3, logger=logger)
+    )
+    trainer.fit(TinyCNN())
+    import wandb
+
+    wandb.finish()
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    artifacts = []
+    for path in wandb_offline.dir.glob("**/run-*.wandb"):
+        for raw in _records(path):
+            record = pb.Record()
+            record.ParseFromString(raw)
+            if record.WhichOneof("record_type") == "artifact":
+                artifacts.append(record.artifact)
+    assert [(a.type, a.name.startswith("speedpack-trace-")) for a in artifacts] == [
+        ("profile", True)
+    ]
+    files = [e.path for a in artifacts for e in a.manifest.contents]
+    assert files == ["speedpack-steps1-1-rank0.pt.trace.json"]
+    _clean()
+
+
+def test_doctor_registration_and_factory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (diagnostic,) = [d for d in registered_diagnostics() if d.name == "timeline"]
+    assert diagnostic.callback_type is StepTimeline
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    plain = diagnostic.factory(DoctorContext())
+    assert isinstance(plain, StepTimeline)
+    assert plain.trace_steps is None
+    monkeypatch.setenv(TRACE_ENV, "5:3")
+    monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))
+    traced = diagnostic.factory(DoctorContext())
+    assert isinstance(traced, StepTimeline)
+    assert (traced.trace_steps, traced.trace_dir) == ((5, 3), str(tmp_path))
+    monkeypatch.setenv(TRACE_ENV, "5")
+    with pytest.raises(ValueError, match="START:COUNT"):
+        diagnostic.factory(DoctorContext())
+
+
+def test_doctor_findings_and_figures(tmp_path: Path) -> None:
+    timeline = StepTimeline(trace_steps=(1, 2), trace_dir=tmp_path)
+    assert timeline.doctor_findings() == []
+    assert timeline.doctor_figures() == {}
+    trainer = Trainer(callbacks=[timeline], **quiet_trainer_kwargs(tmp_path, max_steps=4))
+    trainer.fit(TinyCNN())
+    figures = timeline.doctor_figures()
+    assert set(figures["phase_share"]) == set(PHASES)
+    assert sum(figures["phase_share"].values()) == pytest.approx(1.0, abs=1e-3)
+    phases, trace = timeline.doctor_findings()
+    assert phases.id == "step-phases"
+    assert phases.severity == "info"
+    assert "training_step" in phases.message
+    assert trace.id == "trace"
+    assert trace.location == str(tmp_path / "speedpack-steps1-2-rank0.pt.trace.json")
+
+
+def test_pickles_with_an_injected_table(tmp_path: Path) -> None:
+    timeline = StepTimeline(nvtx=False, trace_steps=(0, 1), trace_dir=tmp_path)
+    trainer = Trainer(callbacks=[timeline], **quiet_trainer_kwargs(tmp_path, max_steps=2))
+    trainer.fit(TinyCNN())
+    clone = pickle.loads(pickle.dumps(timeline))
+    assert clone.trace_steps == (0, 1)
+    assert clone.phase_shares() == timeline.phase_shares()
+    table = NvtxApi(push=torch.cuda.nvtx.range_push, pop=torch.cuda.nvtx.range_pop, mark=print)
+    assert pickle.loads(pickle.dumps(StepTimeline(nvtx=table))).nvtx == table
