@@ -4,10 +4,11 @@ Runs ``speedpack doctor`` on ``slow_training.py`` and then on ``fast_training.py
 same JPEG files, same epochs), each in its own process, and prints:
 
 * the doctor's findings for the slow script, each with where it is and the fix;
-* a side-by-side table (wall time, samples/s, data wait, syncs per step, retained graphs,
-  batch size, peak RSS) and the speed-up;
+* ``speedpack compare`` on the two reports: a side-by-side table (wall time, samples/s, data
+  wait, syncs per step, retained graphs, batch size, peak RSS, each with its ratio to the slow
+  run), the findings the fix made disappear, and a PNG chart of samples/s over steps;
 * where each offline W&B run lives and the ``wandb sync`` command that uploads it;
-* a PNG chart of samples/s over steps for both runs.
+* the speed-up.
 
 Usage: ``python examples/demo.py [--out demo-output] [--images 2000] [--epochs 10]``.
 """
@@ -90,43 +91,6 @@ def print_findings(report: dict[str, Any]) -> None:
     console.print(table)
 
 
-ROWS = [
-    ("wall time (s)", lambda r: r["wall_s"], ".1f"),
-    ("samples/s", lambda r: r["samples_per_sec"], ".0f"),
-    ("data wait (% of step)", lambda r: _pct(r["figures"].get("data_wait_fraction")), ".0f"),
-    ("syncs per step (user code)", lambda r: r["figures"].get("syncs_per_step"), ".2f"),
-    ("retained graphs", lambda r: r["figures"].get("retained_graphs"), "d"),
-    ("batch size", lambda r: r["figures"].get("batch_size"), "d"),
-    ("peak RSS (MB)", lambda r: r["figures"].get("peak_rss_mb"), ".0f"),
-]
-
-
-def _pct(value: float | None) -> float | None:
-    return None if value is None else 100 * value
-
-
-def _fmt(value: Any, spec: str = ".3g") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return format(int(value) if spec == "d" else value, spec)
-
-
-def print_comparison(slow: dict[str, Any], fast: dict[str, Any]) -> float:
-    """Side-by-side table; returns the samples/s speed-up."""
-    s, f = slow["runs"][-1], fast["runs"][-1]
-    speedup = f["samples_per_sec"] / s["samples_per_sec"]
-    table = Table(title="slow_training.py vs fast_training.py (same model, data and epochs)")
-    for col in ("", "slow", "fast"):
-        table.add_column(col, justify="right")
-    for name, get, spec in ROWS:
-        table.add_row(name, _fmt(get(s), spec), _fmt(get(f), spec))
-    table.add_row("[bold]speed-up (samples/s)", "1.0x", f"[bold green]{speedup:.1f}x")
-    console.print(table)
-    return speedup
-
-
 def print_wandb_runs(out: Path) -> None:
     """Where each offline W&B run lives and how to upload it."""
     runs = sorted(out.glob("**/wandb/offline-run-*"))
@@ -138,33 +102,19 @@ def print_wandb_runs(out: Path) -> None:
         console.print(f"  wandb sync {run}", soft_wrap=True)
 
 
-def draw_chart(slow: dict[str, Any], fast: dict[str, Any], path: Path) -> Path | None:
-    """PNG of samples/s over training steps for both runs."""
-    import matplotlib
+def compare_runs(out: Path) -> float:
+    """``speedpack compare`` on both reports: the table, the chart; returns the speed-up."""
+    from lightning_speedpack.doctor.compare import main as speedpack_compare
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    drawn = False
-    for name, report in (("slow_training.py", slow), ("fast_training.py", fast)):
-        series = report["runs"][-1]["figures"].get("samples_per_sec_over_steps") or []
-        if series:
-            steps, rates = zip(*series, strict=True)
-            ax.plot(steps, rates, marker=".", label=name)
-            drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_xlabel("training step")
-    ax.set_ylabel("samples / s")
-    ax.set_title("Throughput over the run (ThroughputLogger, per logging window)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    reports = [out / "slow_training.json", out / "fast_training.json"]
+    chart, comparison = out / "samples_per_sec.png", out / "comparison.json"
+    args = [*map(str, reports), "--plot", str(chart), "--json", str(comparison)]
+    console.print(f"[bold]$ speedpack compare {' '.join(args)}[/]", soft_wrap=True)
+    code = speedpack_compare(args)
+    if code != 0:
+        raise SystemExit(f"speedpack compare failed (exit {code})")
+    ratios = json.loads(comparison.read_text())["figures"]["samples_per_sec"]["ratio_to_first"]
+    return float(ratios[1])
 
 
 def main() -> None:
@@ -185,13 +135,10 @@ def main() -> None:
     )
     write_jpegs(data_dir, args.images)
     slow = run_doctor("slow_training.py", out, data_dir, args)
-    fast = run_doctor("fast_training.py", out, data_dir, args)
+    run_doctor("fast_training.py", out, data_dir, args)
     print_findings(slow)
-    speedup = print_comparison(slow, fast)
+    speedup = compare_runs(out)
     print_wandb_runs(out)
-    chart = draw_chart(slow, fast, out / "samples_per_sec.png")
-    if chart:
-        console.print(f"Chart of samples/s over steps: {chart}")
     console.print(f"Reports: {out / 'slow_training.json'}, {out / 'fast_training.json'}")
     console.rule(f"fast_training.py trains {speedup:.1f}x the samples per second")
 
