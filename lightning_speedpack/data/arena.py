@@ -6,31 +6,45 @@ processes need to agree on lives inside the file, never in per-process Python ob
 
 ======================  =====================================================================
 words 0-63              header: magic, version, sizes, bump pointer, budget flag, fingerprint
-owners (64 x 2)         ``(pid, start time)`` of each process that opened the cache itself
-counters (512 x 4)      ``(pid, start time, hits, misses)``: one row per process, so counting
+counters (512 x 4)      ``(pid, generation, hits, misses)``: one row per process, so counting
                         a hit is a plain store with no lock; rows of dead processes are folded
                         into the header's retired totals before reuse
-slots (n x 4)           ``(state, writer pid, offset, nbytes)`` for each dataset index
+slots (n x 4)           ``(state, writer, offset, nbytes)`` for each dataset index
 payload                 the encoded samples, each at a 64-byte boundary (see ``_codec``)
 ======================  =====================================================================
 
 Protocol. Every state change happens while holding ``fcntl.flock`` on the file (each process
 opens its own descriptor, so the lock also separates a parent from its forked children):
-``EMPTY -> WRITING(pid)`` reserves payload space from the bump pointer, the payload is then
-copied without the lock, and ``WRITING(pid) -> READY`` publishes it. A reader only decodes a
+``EMPTY -> WRITING(writer)`` reserves payload space from the bump pointer, the payload is then
+copied without the lock, and ``WRITING(writer) -> READY`` publishes it. A reader only decodes a
 slot it sees ``READY``, and a ``READY`` slot never changes again, so a reader never sees a torn
-sample; the lock's system calls order the writer's payload stores before its flag store. A
-slot left ``WRITING`` by a dead process is reclaimed by the next writer (its space reused), so a
-worker killed mid-write leaves the index unfilled, not corrupt. Two processes racing on one
-index both compute the sample, one publishes it, neither waits.
+sample; the lock's system calls order the writer's payload stores before its flag store.
 
-Lifetime. A process that opens the cache itself registers as an owner; pickled copies in
-DataLoader workers (and forked children) attach without registering. When the last live owner
-closes (explicitly, at interpreter exit, or when the object is collected) a shared file is
-unlinked; a disk file stays. A shared file whose owners are all dead (a killed run) is
-replaced, never reused; a disk file is reused when its fingerprint matches and rebuilt
+Liveness (see :mod:`~lightning_speedpack.data.liveness`) never trusts a pid: every process
+that maps the file holds a shared lock on its "users" byte, owners one on its "owners" byte,
+and the process that claimed counter row ``r`` an exclusive lock on that row's byte. A slot's
+writer is ``(r, generation of r at the claim)``; the writer is alive exactly while row ``r``
+still has that generation and its lock is held. So a slot left ``WRITING`` by a dead process
+-- killed mid-write, or whose copy raised -- is reclaimed by the next writer (its space
+reused), a worker killed mid-write leaves the index unfilled, not corrupt, and a reused pid
+can never make a dead writer look alive (which left such an index uncached for the rest of
+the run). Two processes racing on one index both compute the sample, one publishes it,
+neither waits.
+
+Lifetime. A process that opens the cache itself is an owner; pickled copies in DataLoader
+workers attach as users only, and a forked child gets its own descriptor at the fork (users
+lock, no owner lock, a fresh counter row when it first counts). When the last owner closes
+(explicitly, at interpreter exit, or when the object is collected) a shared file is unlinked; a
+disk file stays. A shared file nobody holds (a killed run) is removed by the next
+``CachedDataset`` built on the node (:mod:`~lightning_speedpack.data.reclaim`), or replaced
+when opened, never reused; a disk file is reused when its fingerprint matches and rebuilt
 otherwise. Replacement writes a complete new file and ``rename``s it into place, so a process
 still mapping the old one is unaffected.
+
+Fork safety. Each process's handle owns one descriptor and two ``threading.Lock``s; an
+``os.register_at_fork`` hook gives a forked child a new descriptor (its own users lock, not
+the parent's owner or row locks) and new thread locks, so a lock another thread held at the
+fork cannot deadlock the child. No thread is ever started here.
 """
 
 from __future__ import annotations
@@ -50,17 +64,17 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lightning_speedpack.data import liveness
 from lightning_speedpack.data.codec import ALIGN, EncodedSample, decode
+from lightning_speedpack.data.liveness import MAGIC, OWNERS, ROWS, USERS, VERSION
 
-__all__ = ["MISSING", "Arena", "ArenaState", "StoreResult", "process_alive", "process_start"]
+__all__ = ["MISSING", "Arena", "ArenaState", "StoreResult"]
 
-MAGIC = int.from_bytes(b"SPKCACHE", "little")
-VERSION = 1
 HEADER_WORDS = 64
-MAX_OWNERS = 64
 MAX_COUNTERS = 512
 SLOT_WORDS = 4
 RESERVE_CHUNK = 16 << 20
+_ROW_BITS = 16  # writer word: (generation << 16) | (row + 1); 0 means "no live writer"
 
 EMPTY, READY, WRITING = 0, 1, 2
 
@@ -79,41 +93,12 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-def process_start(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks, 0 when unknown, None when it is dead or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except FileNotFoundError:
-        return None
-    except OSError:  # no /proc: fall back to a signal-0 probe
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            return 0
-        return 0
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
-def process_alive(pid: int, start: int = 0) -> bool:
-    """Whether ``pid`` is running (and, if ``start`` is known, is the same process)."""
-    if pid <= 0:
-        return False
-    now = process_start(pid)
-    return now is not None and (start == 0 or now == 0 or now == start)
-
-
-def _layout(n_slots: int) -> tuple[int, int, int, int]:
-    """Word offsets of the owners, counters and slots tables, and the payload start in bytes."""
-    owners = HEADER_WORDS
-    counters = owners + MAX_OWNERS * 2
+def _layout(n_slots: int) -> tuple[int, int, int]:
+    """Word offsets of the counters and slots tables, and the payload start in bytes."""
+    counters = HEADER_WORDS
     slots = counters + MAX_COUNTERS * 4
     end = (slots + n_slots * SLOT_WORDS) * 8
-    return owners, counters, slots, (end + 4095) // 4096 * 4096
+    return counters, slots, (end + 4095) // 4096 * 4096
 
 
 @dataclass(frozen=True)
@@ -126,39 +111,56 @@ class ArenaState:
     nonce: int  # random per created file: inode numbers are reused on tmpfs
 
 
+_handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
+
+
 class _Handle:
     """The OS resources of one arena in one process; closed by ``Arena.close`` or a finalizer."""
 
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, owner_pid: int, kind: str) -> None:
+    def __init__(self, path: str, fd: int, mm: mmap.mmap, *, owner: bool, kind: str) -> None:
         self.path = path
-        self.fd = fd
+        self.fd = fd  # holds the users lock (and the owners lock for an owner)
         self.fd_pid = os.getpid()
         self.mm = mm
-        self.owner_pid = owner_pid  # 0: this process attached without registering
+        self.owner = owner
         self.kind = kind
         self.views: list[np.ndarray[Any, Any]] = []
         self.memoryviews: list[memoryview] = []
         self.thread_lock = threading.Lock()  # flock does not separate threads sharing one fd
+        self.count_lock = threading.Lock()  # `+=` on a counter is not atomic between threads
         self.closed = False
+        _handles.add(self)
 
     def lock_fd(self) -> int:
-        pid = os.getpid()
-        if self.fd_pid != pid:  # forked child: flock must use its own open file description
-            inherited = self.fd
-            try:
-                self.fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDWR)
-            except OSError:
-                self.fd = os.open(self.path, os.O_RDWR)
-            os.close(inherited)
-            self.fd_pid = pid
-            self.thread_lock = threading.Lock()  # another thread may have held it at the fork
+        """This process's descriptor (a forked child gets its own first, if the hook missed)."""
+        if self.fd_pid != os.getpid():
+            self.after_fork_in_child()
         return self.fd
+
+    def after_fork_in_child(self) -> None:
+        """Give this (forked) process its own open file description, users lock, thread locks.
+
+        The inherited descriptor shares the parent's description -- its flock, owner lock and
+        counter-row lock -- so it is closed: the parent's locks stay the parent's alone.
+        """
+        self.thread_lock = threading.Lock()  # another thread may have held it at the fork
+        self.count_lock = threading.Lock()
+        if self.closed or self.fd_pid == os.getpid():
+            return
+        inherited = self.fd
+        try:
+            fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        liveness.lock(fd, USERS)
+        self.fd, self.fd_pid, self.owner = fd, os.getpid(), False
+        os.close(inherited)
 
     def close(self, release: Any = None) -> None:
         if self.closed:
             return
         self.closed = True
-        if release is not None and self.owner_pid == os.getpid():
+        if release is not None and self.owner and self.fd_pid == os.getpid():
             with contextlib.suppress(Exception):
                 release()
         self.views.clear()
@@ -169,7 +171,16 @@ class _Handle:
             self.mm.close()  # a BufferError means someone still holds a view; the OS unmaps at exit
         if self.fd_pid == os.getpid():
             with contextlib.suppress(OSError):
-                os.close(self.fd)
+                os.close(self.fd)  # drops this description's liveness locks
+
+
+def _after_fork_in_child() -> None:
+    for handle in list(_handles):
+        with contextlib.suppress(Exception):  # never fail a fork; lock_fd retries lazily
+            handle.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Arena:
@@ -185,10 +196,9 @@ class Arena:
         mm = handle.mm
         words = np.frombuffer(mm, dtype=np.int64, count=HEADER_WORDS)
         n_slots = int(words[_NSLOTS])
-        o, c, s, data_start = _layout(n_slots)
+        c, s, data_start = _layout(n_slots)
         table = np.frombuffer(mm, dtype=np.int64, count=data_start // 8)
         self._words = words
-        self._owners = table[o:c].reshape(MAX_OWNERS, 2)
         self._counters = table[c:s].reshape(MAX_COUNTERS, 4)
         self._slots = table[s : s + n_slots * SLOT_WORDS].reshape(n_slots, SLOT_WORDS)
         self._bytes = np.frombuffer(mm, dtype=np.uint8)
@@ -203,6 +213,7 @@ class Arena:
         self.capacity = int(words[_CAPACITY])
         self._row = -1
         self._row_pid = -1
+        self._writer = 0
         self._finalizer = weakref.finalize(self, handle.close, functools.partial(_release, handle))
 
     # ----------------------------------------------------------------- opening and closing
@@ -221,27 +232,35 @@ class Arena:
             raise ValueError("fingerprint must be 32 bytes")
         for _ in range(1000):
             try:
-                fd = os.open(path, os.O_RDWR)
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             except FileNotFoundError:
                 fd = _create(path, fingerprint, n_slots, capacity, kind, replace=False)
                 if fd < 0:
                     continue  # another process created it first: open theirs
                 return cls(_map(path, fd, owner=True, kind=kind), created=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                liveness.lock(fd, USERS)  # from here on a reclaimer leaves this file alone
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+            new_fd = -1
             try:
                 if not _same_file(fd, path):
-                    os.close(fd)
-                    continue  # replaced or unlinked while we waited for the lock
-                if _usable(fd, fingerprint, n_slots, kind):
-                    handle = _map(path, fd, owner=True, kind=kind)
-                    arena = cls(handle, created=False)
-                    if not arena._register_owner():
-                        handle.owner_pid = 0
+                    continue  # reclaimed or replaced before we held it: look again
+                others = not _only_user(fd)
+                if _usable(fd, fingerprint, n_slots, kind) and (kind == "disk" or others):
+                    liveness.lock(fd, OWNERS)
+                    arena = cls(_map(path, fd, owner=True, kind=kind), created=False)
+                    if not others:  # a fresh run reusing a disk cache: counting starts again
+                        arena._reset_counts()
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    fd = -1  # now the arena's
                     return arena
                 new_fd = _create(path, fingerprint, n_slots, capacity, kind, replace=True)
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+                if fd >= 0:
+                    os.close(fd)  # also drops the flock and this description's locks
             return cls(_map(path, new_fd, owner=True, kind=kind), created=True)
         raise RuntimeError(f"could not open the cache file {path}: it keeps being replaced")
 
@@ -252,20 +271,29 @@ class Arena:
         Raises:
             FileNotFoundError: the file is gone or was replaced (its owners all exited).
         """
-        fd = os.open(state.path, os.O_RDWR)
-        st = os.fstat(fd)
-        words = _read_words(fd)
-        if (st.st_ino, st.st_dev, int(words[_NONCE])) != (state.inode, state.device, state.nonce):
-            os.close(fd)
-            raise FileNotFoundError(
-                f"the cache file {state.path} was replaced since this dataset was pickled"
+        fd = os.open(state.path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            liveness.lock(fd, USERS)
+            st = os.fstat(fd)
+            words = _read_words(fd)
+            same = (st.st_ino, st.st_dev, int(words[_NONCE])) == (
+                state.inode,
+                state.device,
+                state.nonce,
             )
+            if not (same and _same_file(fd, state.path)):
+                raise FileNotFoundError(
+                    f"the cache file {state.path} was replaced since this dataset was pickled"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
         kind = "disk" if words[_KIND] else "shared"
         return cls(_map(state.path, fd, owner=False, kind=kind), created=False)
 
     def state(self) -> ArenaState:
         """What ``attach`` needs in another process."""
-        st = os.fstat(self._h.fd)
+        st = os.fstat(self._h.lock_fd())
         return ArenaState(self._h.path, st.st_ino, st.st_dev, int(self._words[_NONCE]))
 
     @property
@@ -282,29 +310,15 @@ class Arena:
         """Unmap; an owner also deregisters, and the last owner of a shared file unlinks it."""
         if self._finalizer.alive:
             # Drop this object's views first so the mapping can really be closed.
-            del self._words, self._owners, self._counters, self._slots, self._bytes
+            del self._words, self._counters, self._slots, self._bytes
             del self._slot_words, self._counter_words
             self._finalizer()
 
-    def _register_owner(self) -> bool:
-        """Add this process to the owners table (called with the lock held)."""
-        me, start = os.getpid(), process_start(os.getpid()) or 0
-        free = -1
-        live = 0
-        for i, row in enumerate(self._owners):
-            if row[0] and process_alive(int(row[0]), int(row[1])):
-                live += 1
-                continue
-            row[:] = 0
-            if free < 0:
-                free = i
-        if live == 0:  # a fresh run reusing a disk cache: counting starts again
-            self._counters[:] = 0
-            self._words[_RETIRED_HITS] = self._words[_RETIRED_MISSES] = 0
-        if free < 0:
-            return False
-        self._owners[free] = (me, start)
-        return True
+    def _reset_counts(self) -> None:
+        """Zero every process's counts (called with the lock held, nobody else attached)."""
+        self._counters[:, 0] = 0
+        self._counters[:, 2:] = 0  # generations stay: a stale slot must never match a new row
+        self._words[_RETIRED_HITS] = self._words[_RETIRED_MISSES] = 0
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return _locked(self._h)
@@ -328,11 +342,14 @@ class Arena:
         slot = self._slots[index]
         if slot[0] == READY:
             return "skipped"
-        me = os.getpid()
+        self._ensure_row()
+        me = self._writer
+        if me == 0:
+            return "skipped"  # more than MAX_COUNTERS live processes: this one only reads
         size = (encoded.nbytes + ALIGN - 1) // ALIGN * ALIGN
         with self._locked():
             state, writer = int(slot[0]), int(slot[1])
-            if state == READY or (state == WRITING and process_alive(writer)):
+            if state == READY or (state == WRITING and self._writer_alive(writer)):
                 return "skipped"
             if state == WRITING and (int(slot[3]) + ALIGN - 1) // ALIGN * ALIGN >= size:
                 offset = int(slot[2])  # reuse the space a dead writer reserved
@@ -345,12 +362,29 @@ class Arena:
             slot[1], slot[2], slot[3] = me, offset, encoded.nbytes
             slot[0] = WRITING
         start = self.data_start + offset
-        encoded.write_into(self._bytes[start : start + encoded.nbytes])
+        try:
+            encoded.write_into(self._bytes[start : start + encoded.nbytes])
+        except BaseException:
+            # Hand the slot back (space kept for the next writer): a claim this live process
+            # abandoned would otherwise look "being written" to everyone until it exits.
+            with self._locked():
+                if slot[0] == WRITING and slot[1] == me:
+                    slot[1] = 0
+            raise
         with self._locked():
             if slot[0] == WRITING and slot[1] == me:
                 slot[0] = READY
                 return "stored"
         return "skipped"
+
+    def _writer_alive(self, writer: int) -> bool:
+        """Whether the claim ``writer`` (lock held) belongs to a process that still runs."""
+        row = (writer & ((1 << _ROW_BITS) - 1)) - 1
+        if not 0 <= row < MAX_COUNTERS or self._counters[row, 1] != writer >> _ROW_BITS:
+            return False  # no writer, or its row was claimed again since: the writer is gone
+        if row == self._row and self._row_pid == os.getpid():
+            return True  # another thread of this process
+        return liveness.held_by_other(self._h.lock_fd(), ROWS + row)
 
     def _allocate(self, size: int) -> int:
         """Bump-allocate ``size`` payload bytes (lock held); -1 when the budget is spent."""
@@ -373,42 +407,51 @@ class Arena:
 
     # -------------------------------------------------------------------------- counting
     def count(self, *, hit: bool, n: int = 1) -> None:
-        """Count ``n`` hits or misses in this process's own row (a plain store, no lock)."""
+        """Count ``n`` hits or misses in this process's own row (no file lock)."""
         if self._row_pid != os.getpid():
-            self._claim_row()
+            self._ensure_row()
         if self._row >= 0:
-            self._counter_words[self._row * 4 + (2 if hit else 3)] += n
+            with self._h.count_lock:
+                self._counter_words[self._row * 4 + (2 if hit else 3)] += n
 
-    def _claim_row(self) -> None:
+    def _ensure_row(self) -> None:
+        """Claim a counter row for this process: the first free one (its holder is gone)."""
         me = os.getpid()
-        self._row_pid, self._row = me, -1
+        if self._row_pid == me:
+            return
         with self._locked():
-            rows = self._counters
+            if self._row_pid == me:
+                return  # another thread claimed it meanwhile
+            fd, rows = self._h.lock_fd(), self._counters
             for i in range(MAX_COUNTERS):
-                pid = int(rows[i, 0])
-                if pid == me:
-                    self._row = i
-                    return
-                if pid == 0 or not process_alive(pid, int(rows[i, 1])):
+                if liveness.try_lock(fd, ROWS + i, exclusive=True):
                     self._words[_RETIRED_HITS] += rows[i, 2]
                     self._words[_RETIRED_MISSES] += rows[i, 3]
-                    rows[i] = (me, process_start(me) or 0, 0, 0)
-                    self._row = i
-                    return
-        # More than MAX_COUNTERS live processes: this one's counts go uncounted.
+                    gen = int(rows[i, 1]) + 1
+                    rows[i] = (me, gen, 0, 0)
+                    self._row, self._writer = i, (gen << _ROW_BITS) | (i + 1)
+                    break
+            else:  # More than MAX_COUNTERS live processes: this one's counts go uncounted.
+                self._row, self._writer = -1, 0
+            self._row_pid = me
 
     def stats(self) -> dict[str, int]:
-        """Node-wide counts: hits, misses, items, bytes used, capacity, exhausted flag."""
-        hits = int(self._words[_RETIRED_HITS] + self._counters[:, 2].sum())
-        misses = int(self._words[_RETIRED_MISSES] + self._counters[:, 3].sum())
-        return {
-            "hits": hits,
-            "misses": misses,
-            "items": int(np.count_nonzero(self._slots[:, 0] == READY)),
-            "bytes_used": int(self._words[_USED]),
-            "capacity_bytes": self.capacity,
-            "budget_exhausted": int(self._words[_EXHAUSTED]),
-        }
+        """Node-wide counts: hits, misses, items, bytes used, capacity, exhausted flag.
+
+        Read under the file lock, so a row being folded into the retired totals is never
+        counted twice or not at all.
+        """
+        with self._locked():
+            hits = int(self._words[_RETIRED_HITS] + self._counters[:, 2].sum())
+            misses = int(self._words[_RETIRED_MISSES] + self._counters[:, 3].sum())
+            return {
+                "hits": hits,
+                "misses": misses,
+                "items": int(np.count_nonzero(self._slots[:, 0] == READY)),
+                "bytes_used": int(self._words[_USED]),
+                "capacity_bytes": self.capacity,
+                "budget_exhausted": int(self._words[_EXHAUSTED]),
+            }
 
 
 # ---------------------------------------------------------------------------- file helpers
@@ -423,26 +466,25 @@ def _locked(handle: _Handle) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+def _only_user(fd: int) -> bool:
+    """Whether no other open file description uses the file (``fd`` keeps its users lock)."""
+    if not liveness.try_lock(fd, USERS, exclusive=True):
+        return False
+    liveness.lock(fd, USERS)  # back to shared: an atomic conversion
+    return True
+
+
 def _release(handle: _Handle) -> None:
-    """Deregister this owner; unlink a shared file when no live owner is left."""
-    words = np.frombuffer(handle.mm, dtype=np.int64, count=HEADER_WORDS)
-    o, c, _, _ = _layout(int(words[_NSLOTS]))
-    owners = np.frombuffer(handle.mm, dtype=np.int64, count=c).reshape(-1, 2)[o // 2 :]
-    try:
-        with _locked(handle):
-            me = os.getpid()
-            live = 0
-            mine = True
-            for row in owners:
-                if row[0] == me and mine:
-                    row[:] = 0  # one registration per open: this process may hold several
-                    mine = False
-                elif row[0] and process_alive(int(row[0]), int(row[1])):
-                    live += 1
-            if live == 0 and handle.kind == "shared" and _same_file(handle.fd, handle.path):
-                os.unlink(handle.path)
-    finally:
-        del words, owners
+    """Deregister this owner; unlink a shared file when no other owner holds it."""
+    with _locked(handle):
+        fd = handle.fd
+        liveness.unlock(fd, OWNERS)
+        if (
+            handle.kind == "shared"
+            and liveness.try_lock(fd, OWNERS, exclusive=True)
+            and _same_file(fd, handle.path)
+        ):
+            os.unlink(handle.path)
 
 
 def _read_words(fd: int) -> np.ndarray[Any, Any]:
@@ -453,22 +495,16 @@ def _read_words(fd: int) -> np.ndarray[Any, Any]:
 
 
 def _usable(fd: int, fingerprint: bytes, n_slots: int, kind: str) -> bool:
-    """Whether an existing file (lock held) may be used: same format, data, and not stale."""
+    """Whether an existing file (lock held) has this format, data and size."""
     words = _read_words(fd)
-    if (
+    return not (
         words[_MAGIC] != MAGIC
         or words[_VERSION] != VERSION
         or words[_NSLOTS] != n_slots
         or words[_KIND] != (kind == "disk")
         or words[_FINGERPRINT : _FINGERPRINT + 4].tobytes() != fingerprint
         or os.fstat(fd).st_size != words[_DATA_START] + words[_CAPACITY]
-    ):
-        return False
-    if kind == "disk":
-        return True
-    o, c, _, _ = _layout(n_slots)
-    owners = np.frombuffer(os.pread(fd, (c - o) * 8, o * 8), dtype=np.int64).reshape(-1, 2)
-    return any(pid and process_alive(int(pid), int(start)) for pid, start in owners)
+    )
 
 
 def _same_file(fd: int, path: str) -> bool:
@@ -485,43 +521,62 @@ def _create(
 ) -> int:
     """Write a complete new file next to ``path`` and move it into place; return its fd.
 
-    With ``replace=False`` the move is ``link`` (fails if another process won the race: -1);
-    with ``replace=True`` (lock on the old file held) it is an atomic ``rename``.
+    The fd holds the users and owners locks from before the file is complete, so a reclaimer
+    never removes it. With ``replace=False`` the move is ``link`` (fails if another process won
+    the race: -1); with ``replace=True`` (lock on the old file held) it is an atomic ``rename``.
     """
-    _, _, _, data_start = _layout(n_slots)
-    tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.ftruncate(fd, data_start + capacity)
-        words = np.zeros(HEADER_WORDS + MAX_OWNERS * 2, dtype=np.int64)
-        words[_MAGIC], words[_VERSION], words[_DATA_START] = MAGIC, VERSION, data_start
-        words[_NSLOTS], words[_CAPACITY], words[_KIND] = n_slots, capacity, kind == "disk"
-        words[_NONCE] = int.from_bytes(os.urandom(8), "little", signed=True)
-        words[_FINGERPRINT : _FINGERPRINT + 4] = np.frombuffer(fingerprint, dtype=np.int64)
-        words[HEADER_WORDS] = os.getpid()
-        words[HEADER_WORDS + 1] = process_start(os.getpid()) or 0
-        os.pwrite(fd, words.tobytes(), 0)
-        if replace:
-            os.rename(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
+    for _ in range(100):
+        tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            liveness.lock(fd, USERS)
+            liveness.lock(fd, OWNERS)
+            if not _same_file(fd, tmp):  # a reclaimer removed it before we held it
                 os.close(fd)
-                return -1
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+                continue
+            return _fill_and_place(fd, tmp, path, fingerprint, n_slots, capacity, kind, replace)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+    raise RuntimeError(f"could not create the cache file {path}: its drafts keep vanishing")
+
+
+def _fill_and_place(
+    fd: int,
+    tmp: str,
+    path: str,
+    fingerprint: bytes,
+    n_slots: int,
+    capacity: int,
+    kind: str,
+    replace: bool,
+) -> int:
+    _, _, data_start = _layout(n_slots)
+    os.ftruncate(fd, data_start + capacity)
+    words = np.zeros(HEADER_WORDS, dtype=np.int64)
+    words[_MAGIC], words[_VERSION], words[_DATA_START] = MAGIC, VERSION, data_start
+    words[_NSLOTS], words[_CAPACITY], words[_KIND] = n_slots, capacity, kind == "disk"
+    words[_NONCE] = int.from_bytes(os.urandom(8), "little", signed=True)
+    words[_FINGERPRINT : _FINGERPRINT + 4] = np.frombuffer(fingerprint, dtype=np.int64)
+    os.pwrite(fd, words.tobytes(), 0)
+    if replace:
+        os.rename(tmp, path)
+        return fd
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        os.close(fd)
+        return -1
+    finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        raise
     return fd
 
 
 def _map(path: str, fd: int, *, owner: bool, kind: str) -> _Handle:
     size = os.fstat(fd).st_size
     mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    return _Handle(path, fd, mm, os.getpid() if owner else 0, kind)
+    return _Handle(path, fd, mm, owner=owner, kind=kind)

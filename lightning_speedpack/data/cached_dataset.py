@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import operator
 import os
@@ -18,17 +19,27 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from lightning_speedpack.data import reclaim
 from lightning_speedpack.data.arena import MISSING, Arena
 from lightning_speedpack.data.codec import encode
+from lightning_speedpack.data.node import node_id
 
 __all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset", "job_id"]
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = reclaim.SHM_DIR
 MIN_DEFAULT_BUDGET = 64 << 20  # below this the default budget refuses instead of caching nothing
 _BUDGET_FRACTION = 0.5
 
 _instances: dict[str, int] = {}
 _instances_lock = threading.Lock()
+
+
+def _new_instances_lock() -> None:
+    global _instances_lock
+    _instances_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_instances_lock)
 
 
 class CacheBudgetWarning(UserWarning):
@@ -170,14 +181,26 @@ class CachedDataset(Dataset[Any]):
     them, with shapes that vary per index.
 
     Storage: ``"shared"`` puts the arena in ``/dev/shm``, named from the dataset's fingerprint
-    (class, length, ``key``, or the dataset's simple attributes when no ``key`` is given) and the
-    job (see ``job_id``), so every rank of one job on one node -- including ranks Lightning's
-    ``ddp`` launcher starts by re-running the script -- opens the same arena, whoever comes first
-    creates it, and each index is computed once per node. The file is removed when the last
-    process that built a ``CachedDataset`` on it exits, also after an exception or Ctrl-C; one
-    left by a killed run is detected (its processes are dead) and replaced, never reused.
+    (class, length, ``key``, or the dataset's simple attributes when no ``key`` is given), the
+    node (see ``node_id``) and the job (see ``job_id``), so every rank of one job on one node --
+    including ranks Lightning's ``ddp`` launcher starts by re-running the script -- opens the
+    same arena, whoever comes first creates it, and each index is computed once per node.
     ``"disk"`` keeps the arena in the file ``path``, which survives and is reused by the next run
     when the fingerprint matches, and rebuilt otherwise.
+
+    Clean-up, guaranteed: a shared file is removed when the last process that built a
+    ``CachedDataset`` on it exits, also after an exception or Ctrl-C. A process killed with
+    ``SIGKILL`` cannot do that, so every construction first removes each ``/dev/shm/speedpack-*``
+    arena on the node that no live process maps any more, whatever its dataset or job
+    (``speedpack cache clean`` does the same by hand). Liveness is a lock every process holds
+    while it maps the file, dropped by the kernel when it dies: a reused pid cannot fake it, and
+    an arena a live process (or its DataLoader worker) still uses is never removed. Not
+    guaranteed: a file stays until the next construction or ``speedpack cache clean`` when every
+    user was killed; arenas written by another version of this format are left alone.
+
+    Fork safety: the arena's descriptor and thread locks are renewed in a forked child
+    (``os.register_at_fork``), so forking while another thread uses the cache cannot deadlock
+    the child; no background thread is started.
 
     Rank policy: runs in every process; there is nothing to synchronise (the arena is the
     shared state). Nothing here touches a GPU; samples are CPU tensors, as a DataLoader expects.
@@ -255,12 +278,15 @@ class CachedDataset(Dataset[Any]):
                     f"{SHM_DIR}; lower it, enlarge {SHM_DIR} (`docker run --shm-size=...`), or "
                     "use storage='disk', path=..."
                 )
+        if os.path.isdir(SHM_DIR):
+            with contextlib.suppress(OSError):  # e.g. another user's file: never fail for it
+                reclaim.scan(SHM_DIR, remove=True)  # arenas of killed runs, any dataset
         if storage == "shared":
             digest = fingerprint.hex()[:16]
             with _instances_lock:
                 seq = _instances.get(digest, 0)
                 _instances[digest] = seq + 1
-            stem = os.path.join(SHM_DIR, f"speedpack-{digest}-{seq}-")
+            stem = os.path.join(SHM_DIR, f"{reclaim.PREFIX}{digest}-{seq}-n{node_id()}-")
             job = job_id(lambda j: os.path.exists(stem + j))
             file = stem + re.sub(r"[^A-Za-z0-9._-]", "_", job)
         self._arena: Arena | None = Arena.open(

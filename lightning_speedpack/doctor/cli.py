@@ -1,10 +1,14 @@
-"""``speedpack`` console script: ``speedpack doctor SCRIPT [ARGS...]``."""
+"""The ``speedpack`` console script: ``doctor``, ``compare`` and ``cache`` subcommands."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from lightning_speedpack.doctor import compare as _compare
 
 __all__ = ["main"]
 
@@ -27,9 +31,76 @@ def _parser() -> argparse.ArgumentParser:
         "arguments after `--` go to the script untouched)",
     )
     doctor.add_argument("--quiet", action="store_true", help="do not print the report")
+    doctor.add_argument(
+        "--trace",
+        metavar="START:COUNT",
+        help="profile training steps START..START+COUNT-1 with torch.profiler (StepTimeline): "
+        "a Chrome/Perfetto trace per rank, with the phases and the sync points on it",
+    )
+    doctor.add_argument(
+        "--trace-dir", metavar="DIR", help="where --trace writes (default: the Trainer's log dir)"
+    )
     doctor.add_argument("script", help="the training script to run")
     doctor.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    cache = commands.add_parser(
+        "cache",
+        help="list and remove CachedDataset's shared-memory arenas on this node",
+        description="Manage the /dev/shm/speedpack-* files CachedDataset keeps per node.",
+    )
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True)
+    clean = cache_commands.add_parser(
+        "clean",
+        help="list every arena with its size and state; remove those no live process uses",
+        description="List every speedpack arena on this node with its size and state (in use: a "
+        "live process maps it; dead: its processes were killed) and remove the dead ones. "
+        "Arenas in use are never touched. CachedDataset does the same each time it starts.",
+    )
+    clean.add_argument("--dry-run", action="store_true", help="only list; remove nothing")
+    clean.add_argument(
+        "--dir", default=None, metavar="DIR", help="where the arenas live (default: /dev/shm)"
+    )
+    _compare.add_parser(commands)
     return parser
+
+
+def _fmt_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"  # pragma: no cover
+
+
+def _cache_clean(directory: str | None, dry_run: bool) -> int:
+    """``speedpack cache clean``: print one line per arena; 0 unless the directory is unusable."""
+    from lightning_speedpack.data.reclaim import SHM_DIR, scan  # no torch, no Lightning
+
+    where = directory or SHM_DIR
+    try:
+        found = scan(where, remove=not dry_run)
+    except FileNotFoundError:
+        print(f"speedpack cache clean: {where} does not exist (nothing to clean)", file=sys.stderr)
+        return 2 if directory else 0
+    except PermissionError as err:
+        print(f"speedpack cache clean: cannot remove a dead arena: {err}", file=sys.stderr)
+        return 1
+    dead = [f for f in found if f.status == "dead"]
+    freed = sum(f.size_bytes for f in dead if f.removed)
+    for f in found:
+        action = ""
+        if f.status == "dead":
+            action = "  (would remove)" if dry_run else ("  removed" if f.removed else "")
+        print(f"{f.status:<8} {_fmt_bytes(f.size_bytes):>10}  {f.path}{action}")
+    in_use = sum(f.status == "in use" for f in found)
+    if dry_run:
+        summary = (
+            f"{len(dead)} dead would be removed ({_fmt_bytes(sum(f.size_bytes for f in dead))})"
+        )
+    else:
+        summary = f"{sum(f.removed for f in dead)} dead removed ({_fmt_bytes(freed)} freed)"
+    print(f"{len(found)} speedpack arena(s) in {where}: {in_use} in use, {summary}")
+    return 0
 
 
 def _split_script_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -56,14 +127,29 @@ def _split_script_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the script's exit code."""
+    """Entry point; returns the script's exit code (``doctor``) or 0 on success (``cache``)."""
     ns = _parser().parse_args(argv)
+    if ns.command == "cache":
+        return _cache_clean(ns.dir, ns.dry_run)
+    if ns.command == "compare":
+        return _compare.run(ns)
     trailing_json, ns.args = _split_script_args(ns.args)
     ns.json = ns.json or trailing_json
+    if ns.trace is not None:
+        # Checked here (a one-line error), then handed to the doctor's StepTimeline (and to
+        # every DDP rank it re-launches) through the environment.
+        from lightning_speedpack.timeline.trace import parse_trace_steps
+
+        try:
+            parse_trace_steps(ns.trace)
+        except ValueError as err:
+            print(f"speedpack doctor: --trace: {err}", file=sys.stderr)
+            return 2
     from lightning_speedpack.doctor.runner import run_script
 
     try:
-        result = run_script(ns.script, ns.args)
+        with _trace_environment(ns.trace, ns.trace_dir):
+            result = run_script(ns.script, ns.args)
     except FileNotFoundError as err:
         print(f"speedpack doctor: {err}", file=sys.stderr)
         return 2
@@ -73,3 +159,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.report.print()
     result.print_traceback()  # last, where a Python user looks for it
     return result.exit_code
+
+
+@contextmanager
+def _trace_environment(trace: str | None, trace_dir: str | None) -> Iterator[None]:
+    """Set the StepTimeline trace variables for the script's duration, then restore them."""
+    from lightning_speedpack.timeline.callback import TRACE_DIR_ENV, TRACE_ENV
+
+    wanted = {TRACE_ENV: trace, TRACE_DIR_ENV: trace_dir}
+    saved = {key: os.environ.get(key) for key in wanted}
+    for key, value in wanted.items():
+        if value is not None:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

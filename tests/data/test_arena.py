@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lightning_speedpack.data import arena as _arena
-from lightning_speedpack.data.arena import MISSING, READY, WRITING, Arena, process_alive
+from lightning_speedpack.data.arena import MISSING, READY, WRITING, Arena
 from lightning_speedpack.data.codec import encode
 
 FP = bytes(range(32))
@@ -79,7 +79,7 @@ def test_writer_killed_mid_write_leaves_slot_unfilled_then_reclaimed(tmp_path: P
     proc.join(30)
     assert proc.exitcode == -signal.SIGKILL
     assert arena._slots[5, 0] == WRITING
-    assert not process_alive(int(arena._slots[5, 1]))
+    assert not arena._writer_alive(int(arena._slots[5, 1]))  # its row lock died with it
     assert arena.get(5) is MISSING  # not published, never a torn sample
     used = arena.stats()["bytes_used"]
     assert arena.put(5, encode(sample(5), 5)) == "stored"
@@ -90,12 +90,88 @@ def test_writer_killed_mid_write_leaves_slot_unfilled_then_reclaimed(tmp_path: P
     arena.close()
 
 
-def test_a_live_writer_is_not_overtaken(tmp_path: Path) -> None:
+def _claim_slot_and_wait(path: str, index: int, ready: Any, done: Any) -> None:
+    """A live writer: claims ``index`` as a real writer would, then waits (never publishes)."""
+    arena = Arena.attach(_state_of(path))
+    arena._ensure_row()
+    with arena._locked():
+        arena._slots[index] = (WRITING, arena._writer, 0, 64)
+    ready.set()
+    done.wait(60)
+
+
+def test_a_live_writer_is_not_overtaken_and_a_dead_one_is(tmp_path: Path) -> None:
     arena = open_arena(tmp_path / "a")
-    arena._slots[2] = (WRITING, os.getppid(), 0, 64)  # someone alive is writing index 2
-    assert arena.put(2, encode(sample(2), 2)) == "skipped"
-    assert arena.get(2) is MISSING
-    arena._slots[2] = 0
+    ctx = mp.get_context("fork")
+    ready, done = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_claim_slot_and_wait, args=(str(tmp_path / "a"), 2, ready, done))
+    proc.start()
+    try:
+        assert ready.wait(60)
+        assert arena.put(2, encode(sample(2), 2)) == "skipped"  # someone alive is writing it
+        assert arena.get(2) is MISSING
+    finally:
+        done.set()
+        proc.join(30)
+    assert arena.put(2, encode(sample(2), 2)) == "stored"  # its writer exited: reclaimed
+    arena.close()
+
+
+def _claim_slot_and_die(path: str, index: int) -> None:
+    arena = Arena.attach(_state_of(path))
+    arena._ensure_row()
+    with arena._locked():
+        arena._slots[index] = (WRITING, arena._writer, 0, 64)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _take_a_row_and_wait(path: str, ready: Any, done: Any, rows: Any) -> None:
+    arena = Arena.attach(_state_of(path))
+    arena.count(hit=True)
+    rows.put(arena._row)
+    ready.set()
+    done.wait(60)
+
+
+def test_a_dead_writer_stays_dead_when_a_new_process_takes_its_row(tmp_path: Path) -> None:
+    """The pid-reuse case: a new, live process in the dead writer's place must not block it."""
+    arena = open_arena(tmp_path / "a")
+    ctx = mp.get_context("fork")
+    dead = ctx.Process(target=_claim_slot_and_die, args=(str(tmp_path / "a"), 4))
+    dead.start()
+    dead.join(30)
+    assert dead.exitcode == -signal.SIGKILL
+    writer = int(arena._slots[4, 1])
+    ready, done, rows = ctx.Event(), ctx.Event(), ctx.Queue()
+    heir = ctx.Process(target=_take_a_row_and_wait, args=(str(tmp_path / "a"), ready, done, rows))
+    heir.start()
+    try:
+        assert ready.wait(60)
+        assert rows.get(timeout=30) == (writer & 0xFFFF) - 1  # the dead writer's row, reused
+        assert arena.put(4, encode(sample(4), 4)) == "stored"
+    finally:
+        done.set()
+        heir.join(30)
+    arena.close()
+
+
+def test_a_copy_that_raises_hands_the_slot_back_at_once(tmp_path: Path) -> None:
+    arena = open_arena(tmp_path / "a")
+    enc = encode(sample(1), 1)
+
+    def fail(dest: np.ndarray[Any, Any]) -> None:
+        raise KeyboardInterrupt
+
+    enc.write_into = fail  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        arena.put(1, enc)
+    assert arena._slots[1, 0] == WRITING
+    assert not arena._writer_alive(int(arena._slots[1, 1]))  # though this process lives on
+    other = Arena.attach(arena.state())
+    used = arena.stats()["bytes_used"]
+    assert other.put(1, encode(sample(1), 1)) == "stored"
+    assert arena.stats()["bytes_used"] == used  # the abandoned space was reused
+    other.close()
     arena.close()
 
 
@@ -231,12 +307,6 @@ def test_attach_refuses_a_replaced_file(tmp_path: Path) -> None:
     again.close()
 
 
-def test_process_alive() -> None:
-    assert process_alive(os.getpid())
-    assert not process_alive(0)
-    assert not process_alive(os.getpid(), start=1)  # same pid, other start time: pid reused
-
-
 def test_threads_of_one_process_publish_each_index_once(tmp_path: Path) -> None:
     import threading
 
@@ -257,3 +327,100 @@ def test_threads_of_one_process_publish_each_index_once(tmp_path: Path) -> None:
     assert sorted(stored) == list(range(n))
     assert arena.stats()["bytes_used"] == sum(encode(sample(i)).nbytes for i in range(n))
     arena.close()
+
+
+def _fill_like_a_dataset(path: str, n: int, seed: int, barrier: Any, results: Any) -> None:
+    """What CachedDataset does per access, over every index in a random order, twice."""
+    arena = Arena.attach(_state_of(path))
+    order = np.random.default_rng(seed).permutation(np.tile(np.arange(n), 2))
+    barrier.wait()
+    hits = misses = 0
+    stored: list[int] = []
+    for i in order.tolist():
+        if arena.get(i) is MISSING:
+            misses += 1
+            arena.count(hit=False)
+            if arena.put(i, encode(sample(i), i)) == "stored":
+                stored.append(i)
+        else:
+            hits += 1
+            arena.count(hit=True)
+    results.put((stored, hits, misses))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_many_processes_filling_at_once_publish_each_index_once_and_counts_agree(
+    tmp_path: Path, context: str
+) -> None:
+    n, procs_n = 300, 5
+    arena = open_arena(tmp_path / "a", n=n)
+    ctx: Any = mp.get_context(context)
+    barrier, results = ctx.Barrier(procs_n), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_fill_like_a_dataset, args=(str(tmp_path / "a"), n, seed, barrier, results)
+        )
+        for seed in range(procs_n)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        reports = [results.get(timeout=240) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    stored = sorted(i for report in reports for i in report[0])
+    assert stored == list(range(n))  # published exactly once each, none lost
+    stats = arena.stats()
+    assert stats["items"] == n
+    assert stats["hits"] == sum(r[1] for r in reports)  # node-wide counters agree exactly
+    assert stats["misses"] == sum(r[2] for r in reports)
+    assert stats["hits"] + stats["misses"] == 2 * n * procs_n
+    assert not (arena._slots[:, 0] == WRITING).any()
+    for i in range(n):
+        t, j = arena.get(i)
+        assert torch.equal(t, sample(i)[0])
+        assert j == i
+    arena.close()
+
+
+def _use_after_fork(arena: Arena, results: Any) -> None:
+    arena.count(hit=True)
+    results.put(arena.put(6, encode(sample(6), 6)))
+
+
+def test_a_fork_while_another_thread_holds_the_arena_locks_cannot_deadlock(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    arena = open_arena(tmp_path / "a")
+    arena.count(hit=False)
+    handle = arena._h
+    held, release = threading.Event(), threading.Event()
+
+    def hold_locks() -> None:
+        with arena._locked(), handle.count_lock:
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=hold_locks)
+    thread.start()
+    try:
+        assert held.wait(30)
+        ctx = mp.get_context("fork")
+        results = ctx.Queue()
+        child = ctx.Process(target=_use_after_fork, args=(arena, results))
+        child.start()  # forked while the other thread holds the thread locks and the flock
+        assert results.get(timeout=60) == "stored"  # the child has its own locks and descriptor
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        release.set()
+        thread.join(30)
+    stats = arena.stats()
+    assert (stats["hits"], stats["misses"], stats["items"]) == (1, 1, 1)
+    arena.close()
+    assert not (tmp_path / "a").exists()  # the child never owned it: the parent's close unlinks

@@ -25,6 +25,7 @@ from lightning_speedpack.data.cached_dataset import (
     CacheInfo,
     job_id,
 )
+from tests.data.procs import kill_group, read_line
 from tests.data.test_codec import assert_same
 from tests.helpers.ddp import run_ddp
 
@@ -308,15 +309,20 @@ def test_lightning_launched_rank_finds_the_cache_its_parent_made(
         parent[0]
         parent[1]
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "LOCAL_RANK": "1"}
-        out = subprocess.run(
+        child = subprocess.Popen(
             [sys.executable, str(script)],
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
-            check=True,
-        ).stdout.split()
-        assert out == [parent.cache_path, "2"]
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = child.communicate(timeout=120)
+        finally:
+            kill_group(child.pid)
+        assert child.returncode == 0, stderr
+        assert stdout.split() == [parent.cache_path, "2"]
         assert os.path.exists(str(parent.cache_path))
 
 
@@ -383,15 +389,18 @@ def test_no_leftovers_in_dev_shm(tmp_path: Path, mode: str) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
-    assert proc.stdout is not None
-    path = proc.stdout.readline().strip()
-    assert path.startswith("/dev/shm/speedpack-")
-    if mode == "interrupt":
-        assert proc.stdout.readline().strip() == "ready"
-        assert os.path.exists(path)
-        proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        path = read_line(proc)
+        assert path.startswith("/dev/shm/speedpack-")
+        if mode == "interrupt":
+            assert read_line(proc) == "ready"
+            assert os.path.exists(path)
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc.pid)
     expected = {"success": 0, "worker-killed": 0, "exception": 1, "interrupt": -signal.SIGINT}
     assert proc.returncode == expected[mode], err
     if mode == "worker-killed":
