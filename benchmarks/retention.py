@@ -8,7 +8,10 @@ scans; an empty ``Callback`` in the same rotation shows the noise floor of a sha
 "self-time ratio" is 1 + the detector's own median time per step (timed inside its
 hooks) over the median step without it: the figure the shared machine's load disturbs least.
 Then a model that starts leaking at a known batch shows how many batches later the
-detector found and reported it.
+detector found and reported it. Last, on a heap grown to 10^5, 10^6 and 5*10^6 live Python
+objects (a datamodule holding an in-memory dataset of small records: a tuple and a list each),
+a list in this script's globals (``GLOBAL_LOSSES.append(loss)``; the model is defined here too)
+is found; the table gives the batch it was reported at and the detector's cost per step.
 
 Run: ``.venv/bin/python benchmarks/retention.py [--quick]``
 """
@@ -16,6 +19,7 @@ Run: ``.venv/bin/python benchmarks/retention.py [--quick]``
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -27,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
 from _common import SmallCNN, TinyMLP, print_table, quiet_trainer
-from pytorch_lightning import Callback, LightningModule
+from pytorch_lightning import Callback, LightningDataModule, LightningModule
+from torch.utils.data import DataLoader
 
 from lightning_speedpack import LossRetentionDetector
 
@@ -154,6 +159,69 @@ def detection(first_leak: int = 5) -> list[list[Any]]:
     return rows
 
 
+GLOBAL_LOSSES: list[torch.Tensor] = []
+
+
+class GlobalLeakCNN(SmallCNN):
+    """The issue's leak: every loss appended to a list in the training script's globals."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        GLOBAL_LOSSES.append(loss)
+        return loss
+
+
+class RecordsData(LightningDataModule):
+    """A datamodule holding ``n`` small records in memory (2 live Python objects each)."""
+
+    def __init__(self, n_records: int, images: Any) -> None:
+        super().__init__()
+        self.records = [([i, i + 1], i) for i in range(n_records)]
+        self.images = images
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.images, batch_size=32)
+
+
+def big_heap(sizes: list[int], steps: int, repeats: int) -> list[list[Any]]:
+    rows = []
+    for size in sizes:
+        base = len(gc.get_objects())
+        data = RecordsData(max(0, size - base) // 2, SmallCNN(n=4096).data)
+        live = len(gc.get_objects())
+        samples: dict[str, list[float]] = {"off": [], "on": [], "own": []}
+        for r in range(repeats):
+            for variant in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                timer = StepTimer()
+                watcher = SelfTimedDetector() if variant == "on" else None
+                trainer = quiet_trainer(
+                    max_steps=steps,
+                    max_epochs=-1,
+                    callbacks=[*([watcher] if watcher else []), timer],
+                )
+                trainer.fit(SmallCNN(n=4096), datamodule=data)
+                samples[variant].append(statistics.median(timer.intervals))
+                if watcher is not None:
+                    samples["own"].append(statistics.median(watcher.self_seconds))
+        GLOBAL_LOSSES.clear()
+        detector = LossRetentionDetector()
+        probe = LeakFrom(detector)
+        trainer = quiet_trainer(max_steps=8, callbacks=[detector, probe])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(GlobalLeakCNN(n=4096), datamodule=data)
+        GLOBAL_LOSSES.clear()
+        path = detector.findings[0].path if detector.findings else "-"
+        off, on = statistics.median(samples["off"]), statistics.median(samples["on"])
+        own = statistics.median(samples["own"])
+        rows.append(
+            [f"{live:.2e}", path, probe.reported_at, off * 1e3, on / off, own * 1e6, 1 + own / off]
+        )
+        del data
+        gc.collect()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (< 60 s)")
@@ -190,6 +258,20 @@ def main() -> None:
             "est_bytes",
         ],
         detection(),
+    )
+    print_table(
+        "Big heaps: a list in the script's globals, SmallCNN, datamodule holding the records "
+        f"({repeats} alternating repeats, {steps} steps)",
+        [
+            "live objects (gc)",
+            "holder",
+            "reported at batch (leak from 0)",
+            "step ms off",
+            "median step ratio",
+            "detector us/step",
+            "self-time ratio",
+        ],
+        big_heap([10**5, 10**6, 5 * 10**6], steps, repeats),
     )
 
 

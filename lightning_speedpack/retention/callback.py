@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 import time
-import types
 import weakref
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -18,6 +16,14 @@ from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.retention import holders as retention
+from lightning_speedpack.retention.report import (
+    EXTRA_PATH,
+    RetainedGraph,
+    RetainedGraphError,
+    RetainedGraphWarning,
+    doctor_finding,
+)
+from lightning_speedpack.retention.roots import WalkRoots
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -31,92 +37,9 @@ __all__ = [
 
 _SAMPLED_GRAPHS = 8  # graphs per holder whose saved tensors are weighed
 _NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per level)
-_EXTRA_PATH = "training_step()"
 _ONE_GRAPH_BYTES = 1 << 20  # a single retained graph is reported at once from this size on
 _TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
 _GLOBALS_REFRESH = 32  # batches between re-reading which globals and attributes to look at
-
-
-class RetainedGraphError(RuntimeError):
-    """Raised in ``mode="error"`` when something keeps graphs from earlier steps alive."""
-
-
-class RetainedGraphWarning(UserWarning):
-    """Warned in ``mode="warn"``: once per holder, and once per graph-carrying returned key."""
-
-
-@dataclass
-class RetainedGraph:
-    """One holder of tensors that keep an autograd graph from an earlier step alive.
-
-    Attributes:
-        path: the holder, e.g. ``model.losses``, ``model.hist["aux"]``,
-            ``my_script.GLOBAL_LOSSES`` or ``training_step()["aux"]`` for a returned key.
-        step_first_seen: the training batch (0-based, counted over the fit) of the check that
-            first found it.
-        count: graph-carrying tensors from earlier steps it held at the last check.
-        backpropagated: ``True`` when ``backward`` already ran through the graphs (only the
-            graph nodes are kept, ~KiB per step); ``False`` when it never did, so every saved
-            activation is kept too.
-        est_bytes: bytes of saved tensors (activations) the graphs keep alive, estimated from
-            up to 8 of them; parameters are not counted.
-        example_grad_fn: the ``grad_fn`` name of one retained tensor, e.g. ``"MeanBackward0"``.
-        example_path: one retained tensor's full path, e.g. ``model.losses[17]``.
-    """
-
-    path: str
-    step_first_seen: int
-    count: int
-    backpropagated: bool
-    est_bytes: int
-    example_grad_fn: str
-    example_path: str = ""
-
-    @property
-    def severity(self) -> Literal["warning", "error"]:
-        """``"error"`` when activations are retained (never back-propagated), else ``"warning"``."""
-        return "warning" if self.backpropagated else "error"
-
-    def describe(self) -> str:
-        """A one-paragraph message naming the holder, what it keeps, and the fix."""
-        if self.path.startswith(_EXTRA_PATH):
-            kept = (
-                "its graph nodes"
-                if self.backpropagated
-                else f"~{_size(self.est_bytes)} of saved activations"
-            )
-            return (
-                f"{self.path} returned from training_step still carries a grad_fn "
-                f"({self.example_grad_fn}); Lightning passes the keys other than 'loss' to "
-                f"on_train_batch_end without detaching them, so whatever stores the outputs "
-                f"keeps {kept} per step. Fix: return `.detach()`ed values."
-            )
-        what = (
-            "graph nodes (back-propagated)"
-            if self.backpropagated
-            else f"never back-propagated graphs with ~{_size(self.est_bytes)} of saved activations"
-        )
-        return (
-            f"{self.path} holds {self.count} tensor(s) with autograd graphs from earlier steps "
-            f"(first found at batch {self.step_first_seen}, e.g. {self.example_path or self.path}: "
-            f"{self.example_grad_fn}): {what}; one more per step it keeps. {self.fix()}"
-        )
-
-    def fix(self) -> str:
-        """The fix to apply."""
-        return (
-            "Store `loss.detach()` (or `loss.item()` for a Python number) instead of the tensor, "
-            "and clear the container at epoch end."
-        )
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 class LossRetentionDetector(Callback):
@@ -130,14 +53,18 @@ class LossRetentionDetector(Callback):
     How: graphs are tagged with the batch they were created in (``grad_fn.metadata``, from
     ``on_before_backward`` and the returned outputs). Every ``check_every_n_steps`` batches
     the attributes of the LightningModule, the datamodule and the other callbacks, and the
-    module-level containers of the module that defines the LightningModule, are walked
-    (lists, dicts, tuples, deques, closures, up to ``max_depth`` levels) for graph-carrying
-    tensors from earlier batches. Every
-    ``deep_scan_every_n_steps`` batches, at the end of training, and when a returned tensor
-    outlives its step or CUDA memory grows, the whole heap is scanned and each unexplained
-    tensor is named by a referrer search (``my_script.GLOBAL_LOSSES[0]``, a closure, ...).
-    Graphs alive before training starts are not this fit's (one heap pass at train start marks
-    them). Only weak references are kept: the detector never extends a tensor's life.
+    module-level containers of ``__main__`` (the training script) and of the modules that
+    define the LightningModule, the datamodule and the callbacks, are walked (lists, dicts,
+    tuples, deques, closures, up to ``max_depth`` levels; long containers sampled at both
+    ends, a bounded number of objects per root) for graph-carrying tensors from earlier
+    batches, so such holders are found one batch after the first leaked tensor and reported
+    the next. Every ``deep_scan_every_n_steps`` batches, at the end of training, and when a
+    returned tensor outlives its step or CUDA memory grows, the whole heap is scanned and each
+    unexplained tensor is named by a referrer search (``other_module.STORE[0]``, a closure,
+    ...); the named root is walked every step from then on. Graphs made before training
+    starts are not this fit's (told apart by the autograd engine's node numbers, created per
+    thread: a graph made during the fit on another thread counts as earlier). Only weak
+    references are kept: the detector never extends a tensor's life.
 
     Findings (``findings``, and the doctor's report): one :class:`RetainedGraph` per holder.
     Never back-propagated graphs are error-level (activations retained, with an estimate of
@@ -158,7 +85,10 @@ class LossRetentionDetector(Callback):
         check_every_n_steps: run the cheap forward walk every this many training batches.
         deep_scan_every_n_steps: scan the heap every this many batches (``0``: only at the end
             of training and on triggers). Scheduled and triggered scans are postponed while
-            they would take more than 1% of the wall time since the previous one.
+            they would take more than 1% of the wall time since the previous one (a scan
+            costs ~30-70 ns per allocated memory block, ~0.1 s per million Python objects);
+            the scan at the end of training is skipped when it would take more than 5% of
+            the training time (short fits on large heaps).
         max_depth: container levels the forward walk descends.
 
     Raises:
@@ -189,6 +119,8 @@ class LossRetentionDetector(Callback):
 
     _scan_budget: float | None = 0.01
     """Largest fraction of wall time the scheduled and triggered heap scans may take."""
+    _final_scan_budget: float | None = 0.05
+    """Largest fraction of the training time the heap scan at the end of training may take."""
 
     def __init__(
         self,
@@ -222,15 +154,15 @@ class LossRetentionDetector(Callback):
         self._reported: set[str] = set()
         self._retained_graphs = 0
         self._extra_refs: list[weakref.ref[Tensor]] = []
-        self._learned_modules: set[str] = set()
-        self._learned_functions: list[weakref.ref[types.FunctionType]] = []
+        self._walk_roots = WalkRoots(_GLOBALS_REFRESH)
         self._memory_baseline: int | None = None
         self._last_deep_scan = 0
         self._scans = 0
-        self._scan_seconds = 0.0
+        self._scan_seconds = 0.0  # the last heap scan's duration (an estimate before the first)
         self._scan_done_at = 0.0
-        self._global_names: dict[str, tuple[str, ...]] = {}
-        self._globals_refresh = 0
+        self._train_started = 0.0
+        self._first_seq: int | None = None
+        self._cache_refresh = 0
         self._module_cache: retention.ModuleCache = {}
 
     @property
@@ -241,7 +173,6 @@ class LossRetentionDetector(Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_extra_refs"] = []  # weak references do not pickle
-        state["_learned_functions"] = []
         return state
 
     # ------------------------------------------------------------------ hooks
@@ -252,11 +183,12 @@ class LossRetentionDetector(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Graphs alive before training are not this fit's leaks (one heap pass per fit).
-        started = time.perf_counter()
-        retention.mark_foreign(retention.heap_graph_tensors())
-        self._scan_done_at = time.perf_counter()
-        self._scan_seconds = self._scan_done_at - started
+        # Graphs made before training are not this fit's leaks: nodes are numbered in order.
+        self._first_seq = retention.next_sequence_nr()
+        if self._first_seq is None:  # pragma: no cover - a torch without node numbers
+            retention.mark_foreign(retention.heap_graph_tensors())
+        self._train_started = self._scan_done_at = time.perf_counter()
+        self._scan_seconds = retention.estimated_scan_seconds()
 
     @override
     def on_train_batch_start(
@@ -298,7 +230,7 @@ class LossRetentionDetector(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._batch >= 0 and self._last_deep_scan != self._batch:
-            self._check(trainer, pl_module, self._batch, deep=True)
+            self._check(trainer, pl_module, self._batch, deep=self._final_affordable(), fresh=True)
 
     # ------------------------------------------------------------------ checks
 
@@ -308,7 +240,7 @@ class LossRetentionDetector(Callback):
         if not extras:
             return
         for path, tensor in retention.walk_containers(
-            [(_EXTRA_PATH, extras)], max_depth=self.max_depth + 1
+            [(EXTRA_PATH, extras)], max_depth=self.max_depth + 1
         ):
             retention.tag_graph(tensor, step, self._run)
             self._extra_refs.append(weakref.ref(tensor))
@@ -333,33 +265,24 @@ class LossRetentionDetector(Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None:
             roots.append(("datamodule", datamodule))
-        for callback in trainer.callbacks:  # type: ignore[attr-defined]
-            if callback is not self:
-                roots.append((type(callback).__name__, callback))
-        if self._batch >= self._globals_refresh:  # names only: values are read every time
-            self._globals_refresh = self._batch + _GLOBALS_REFRESH
+        callbacks = [c for c in trainer.callbacks if c is not self]  # type: ignore[attr-defined]
+        roots.extend((type(callback).__name__, callback) for callback in callbacks)
+        if self._batch >= self._cache_refresh:
+            self._cache_refresh = self._batch + _GLOBALS_REFRESH
             self._module_cache.clear()  # see attributes added since
-            self._global_names = {
-                name: retention.container_globals(module)
-                for name in {type(pl_module).__module__, *self._learned_modules}
-                if (module := sys.modules.get(name)) is not None
-            }
-        for name, names in self._global_names.items():
-            root = retention.module_globals_root(sys.modules.get(name), names)
-            if root is not None:
-                roots.append(root)
-        for ref in self._learned_functions:
-            fn = ref()
-            if fn is not None:
-                module = sys.modules.get(fn.__module__ or "")
-                name = f"{retention.module_display_name(module)}.{fn.__qualname__}"
-                roots.append((name, fn))
+        owners = [pl_module, *([datamodule] if datamodule is not None else []), *callbacks]
+        roots.extend(self._walk_roots.roots(self._batch, lambda: owners))
         return roots
 
     def _check(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int, deep: bool
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        step: int,
+        deep: bool,
+        fresh: bool = False,
     ) -> None:
-        groups = self._walk(trainer, pl_module, step, fresh=deep)
+        groups = self._walk(trainer, pl_module, step, fresh=deep or fresh)
         if deep:
             started = time.perf_counter()
             self._last_deep_scan = step
@@ -390,7 +313,7 @@ class LossRetentionDetector(Callback):
             module_cache=None if fresh else self._module_cache,
             sample_long=not fresh,  # deep checks (rare) count every item exactly
         ):
-            if retention.is_retained(tensor, step, self._run):
+            if retention.is_retained(tensor, step, self._run, self._first_seq):
                 groups.setdefault(retention.holder_of(path), []).append((path, weakref.ref(tensor)))
         return groups
 
@@ -414,7 +337,7 @@ class LossRetentionDetector(Callback):
             weakref.ref(t)
             for t in retention.heap_graph_tensors()
             if id(t) not in explained
-            and retention.is_retained(t, step, self._run)
+            and retention.is_retained(t, step, self._run, self._first_seq)
             and not retention.is_unnameable(t)
         ]
         if not remaining:
@@ -439,22 +362,11 @@ class LossRetentionDetector(Callback):
                 continue
             del tensor
             named.append((found.path, ref))
-            root = self._learn(found.root)
+            root = self._walk_roots.learn(found.root)
             if root is not None:  # drop what the new root explains: one search per holder
                 held = {id(t) for _, t in retention.walk_containers([root], self.max_depth)}
                 remaining = [r for r in remaining if id(r()) not in held]
         return named or None
-
-    def _learn(self, root: Any) -> tuple[str, Any] | None:
-        if isinstance(root, types.ModuleType):
-            self._learned_modules.add(root.__name__)
-            self._globals_refresh = 0
-            return retention.module_globals_root(root)
-        if isinstance(root, types.FunctionType):
-            self._learned_functions.append(weakref.ref(root))
-            module = sys.modules.get(root.__module__ or "")
-            return f"{retention.module_display_name(module)}.{root.__qualname__}", root
-        return None
 
     def _update(self, holder: str, refs: list[tuple[str, weakref.ref[Tensor]]], step: int) -> None:
         tensors = {id(t): t for _, ref in refs if (t := ref()) is not None}
@@ -502,6 +414,13 @@ class LossRetentionDetector(Callback):
         since = time.perf_counter() - self._scan_done_at
         return since * self._scan_budget >= self._scan_seconds
 
+    def _final_affordable(self) -> bool:
+        # The end-of-training scan: within a larger share of the whole training time.
+        if self._final_scan_budget is None:
+            return True
+        since = time.perf_counter() - self._train_started
+        return since * self._final_scan_budget >= self._scan_seconds
+
     def _memory_grew(self, pl_module: pl.LightningModule) -> bool:
         if pl_module.device.type != "cuda":
             return False
@@ -523,29 +442,7 @@ class LossRetentionDetector(Callback):
 
     def doctor_findings(self) -> list[Finding]:
         """One finding per holder: location is the holder's path."""
-        return [
-            Finding(
-                component="loss_retention",
-                id="returned-graph"
-                if f.path.startswith(_EXTRA_PATH)
-                else "retained-graph"
-                if f.backpropagated
-                else "retained-activations",
-                message=f.describe(),
-                location=f.path,
-                figures={
-                    "count": f.count,
-                    "est_bytes": f.est_bytes,
-                    "backpropagated": f.backpropagated,
-                    "step_first_seen": f.step_first_seen,
-                },
-                severity=f.severity,
-                fix=f.fix()
-                if not f.path.startswith(_EXTRA_PATH)
-                else "Return `.detach()`ed values for every key but 'loss'.",
-            )
-            for f in self.findings
-        ]
+        return [doctor_finding(f) for f in self.findings]
 
     def doctor_figures(self) -> dict[str, Any]:
         """``{"retained_graphs": distinct retained graph tensors found at the last check}``."""

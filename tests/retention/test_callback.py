@@ -68,8 +68,9 @@ def _summary(detector: LossRetentionDetector) -> list[tuple[str, bool]]:
 
 @pytest.fixture(autouse=True)
 def _scan_as_scheduled(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Tests ask for heap scans at exact batches; the 1% wall-time budget has its own test.
+    # Tests ask for heap scans at exact batches; the wall-time budgets have their own tests.
     monkeypatch.setattr(LossRetentionDetector, "_scan_budget", None)
+    monkeypatch.setattr(LossRetentionDetector, "_final_scan_budget", None)
 
 
 @pytest.fixture

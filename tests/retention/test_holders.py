@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lightning_speedpack.retention import holders as R
+from lightning_speedpack.retention.walk import _capped_items
 
 GLOBAL_LOSSES: list[torch.Tensor] = []
 
@@ -295,7 +296,7 @@ def test_helpers_keep_no_strong_reference() -> None:
 
 def test_capped_items_indices() -> None:
     def items(xs: list[int]) -> list[int]:
-        return [i for i, _ in R._capped_items(xs, len(xs))]
+        return [i for i, _ in _capped_items(xs, len(xs))]
 
     assert items(list(range(5))) == [0, 1, 2, 3, 4]
     assert items(list(range(100))) == list(range(8)) + list(range(44, 100))

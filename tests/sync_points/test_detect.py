@@ -400,8 +400,11 @@ def test_non_blocking_copy_from_pageable_memory(clean_state: None) -> None:
 def test_docstring_examples_run(clean_state: None) -> None:
     import doctest
 
-    from lightning_speedpack.sync_points import detect as _sync_detect
+    from lightning_speedpack.sync_points import attribution, detect, findings, patching
 
-    result = doctest.testmod(_sync_detect, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 6
-    assert result.failed == 0
+    attempted = 0
+    for module in (attribution, detect, findings, patching):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0
+        attempted += result.attempted
+    assert attempted >= 9

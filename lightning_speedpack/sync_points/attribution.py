@@ -1,0 +1,168 @@
+"""Whose call a sync is: the user's frame (reported there), Lightning's, or dataset code's.
+
+Attribution walks the Python stack from the call: frames inside torch, numpy, the standard
+library and this tool are skipped; if the first remaining frame belongs to Lightning
+(``pytorch_lightning/``, ``lightning_fabric/``, ``lightning_utilities/``, or the ``lightning``
+package's ``lightning/pytorch/`` and ``lightning/fabric/``: both namespaces), the sync is the
+framework's (``origin="framework"``), otherwise it is the user's and is reported at that
+frame, so ``print(t)`` points at the ``print`` line. Calls made while a ``torch.utils.data``
+loader is on the stack (dataset code run by the loader) are not counted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import os
+import re
+import sysconfig
+from collections.abc import Sequence
+from types import FrameType
+
+import torch
+
+from lightning_speedpack.sync_points.findings import FIXES, Origin, SyncFinding
+
+__all__ = ["attribute_frame", "framework_fix", "matches_allow"]
+
+
+def _module_dir(name: str) -> str | None:
+    """The folder of top-level package ``name`` (found without importing it), None if absent."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # absent, hidden by a meta-path finder, or half-imported
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.join(next(iter(spec.submodule_search_locations)), "")
+
+
+def _dirs(names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(d for n in names if (d := _module_dir(n)) is not None)
+
+
+_SKIP_DIRS = _dirs(["torch", "numpy"])
+# The pack's own callbacks count as framework too: under DDP ThroughputLogger deliberately
+# reads one small all-reduced tensor on logging steps, and a user should see that labelled as
+# the pack's, with the setting that spaces it out, not mixed with their own syncs.
+# Lightning's own files under either namespace: `pytorch_lightning/`, `lightning_fabric/` (the
+# pytorch-lightning install) and `lightning/` (holding `lightning/pytorch/`, `lightning/fabric/`).
+# Found by path without importing anything; a package that is not installed is left out.
+_FRAMEWORK_DIRS = _dirs(
+    [
+        "pytorch_lightning",
+        "lightning_fabric",
+        "lightning_utilities",
+        "lightning",
+        "lightning_speedpack",
+    ]
+)
+_DATA_DIR = os.path.join(os.path.dirname(torch.__file__), "utils", "data", "")
+_STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
+# This tool's own files (the wrappers, the detector, the callback) are never the caller.
+_OWN_DIR = os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), ""))
+_GENERIC_FRAMEWORK = ("apply_func.py", "lightning_utilities")
+
+_SKIP, _FRAMEWORK, _USER, _DATA = 0, 1, 2, 3
+_CATEGORY: dict[str, int] = {}
+
+
+def _category(filename: str) -> int:
+    cat = _CATEGORY.get(filename)
+    if cat is not None:
+        return cat
+    if filename.startswith(_DATA_DIR):
+        cat = _DATA
+    elif filename.startswith(_SKIP_DIRS) or os.path.normcase(filename).startswith(_OWN_DIR):
+        cat = _SKIP
+    elif filename.startswith(_FRAMEWORK_DIRS):
+        cat = _FRAMEWORK
+    elif filename.startswith("<frozen") or (
+        filename.startswith(_STDLIB_DIR)
+        and "site-packages" not in filename
+        and "dist-packages" not in filename
+    ):
+        cat = _SKIP
+    else:
+        cat = _USER
+    _CATEGORY[filename] = cat
+    return cat
+
+
+def attribute_frame(frame: FrameType | None) -> tuple[FrameType, Origin] | None:
+    """Return the frame a sync made at ``frame`` is reported at, and whose it is.
+
+    Frames of torch, numpy, the standard library and this detector are skipped. If the first
+    other frame is Lightning's, the origin is ``"framework"`` and the frame is the first
+    Lightning frame that is not a generic helper (``apply_func``, ``lightning_utilities``).
+    Otherwise it is ``"user"`` at that frame. Returns None when a ``torch.utils.data`` loader
+    is on the stack (dataset code), or for a stack with no frame left.
+    """
+    f = frame
+    while f is not None:
+        cat = _category(f.f_code.co_filename)
+        if cat == _DATA:
+            return None
+        if cat != _SKIP:
+            break
+        f = f.f_back
+    if f is None:
+        return None
+    found: FrameType = f
+    origin: Origin = "user"
+    if cat == _FRAMEWORK:
+        origin = "framework"
+        g: FrameType | None = f
+        while g is not None and _category(g.f_code.co_filename) in (_FRAMEWORK, _SKIP):
+            name = g.f_code.co_filename
+            if _category(name) == _FRAMEWORK and not any(x in name for x in _GENERIC_FRAMEWORK):
+                found = g
+                break
+            g = g.f_back
+    up = found.f_back
+    while up is not None:  # dataset code called by a DataLoader is not the training step's
+        if _category(up.f_code.co_filename) == _DATA:
+            return None
+        up = up.f_back
+    return found, origin
+
+
+def matches_allow(filename: str, lineno: int, patterns: Sequence[str]) -> bool:
+    """Whether ``filename:lineno`` matches one of ``patterns`` (``"dir/file.py:12"`` or a glob).
+
+    A pattern without a line number matches every line of the file; a relative pattern
+    matches any absolute path that ends with it.
+    """
+    loc = f"{filename}:{lineno}".replace(os.sep, "/")
+    for pattern in patterns:
+        pat = pattern.replace(os.sep, "/")
+        candidates = [pat] if re.search(r":[\d*?\[\]]+$", pat) else [pat, f"{pat}:*"]
+        for cand in candidates:
+            if fnmatch.fnmatchcase(loc, cand) or fnmatch.fnmatchcase(loc, f"*/{cand}"):
+                return True
+    return False
+
+
+def framework_fix(finding: SyncFinding) -> str:
+    """The Trainer setting (or upgrade) that avoids a framework sync."""
+    where = f"{finding.filename} {finding.function}"
+    if "lightning_speedpack" in finding.filename:
+        return (
+            "lightning-speedpack combines the ranks' counts once per logging step (one small "
+            "all-reduce): raise log_every_n_steps to do it less often"
+        )
+    if "sigterm" in where:
+        return (
+            "Lightning broadcasts a SIGTERM flag and reads it with .item() every DDP step "
+            "(Lightning issues 21487/21640); one small sync per step, fixed upstream"
+        )
+    if "progress" in where or "pbar" in finding.code:
+        return (
+            "the progress bar reads logged values every refresh: enable_progress_bar=False, "
+            "fewer prog_bar=True values, or a larger refresh_rate"
+        )
+    if "logger_connector" in where or "result" in where:
+        return "logged values are read when written: raise Trainer(log_every_n_steps=...)"
+    if finding.kind == "pageable copy":
+        return FIXES["pageable copy"]
+    return "a Lightning internal; check its settings for this hook, or ignore it"
