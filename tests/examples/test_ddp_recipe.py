@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.procs import run_in_session
 from tests.helpers.wandb_files import find_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ COMPONENTS = {
 def test_recipe_runs_every_component_on_both_ranks(strategy: str, tmp_path: Path) -> None:
     images = 64
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
-    proc = subprocess.run(
+    proc = run_in_session(
         [
             sys.executable,
             str(REPO / "examples" / "ddp_recipe.py"),
@@ -46,13 +46,12 @@ def test_recipe_runs_every_component_on_both_ranks(strategy: str, tmp_path: Path
             "--out",
             str(tmp_path / "out"),
         ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=280,
         env=env,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not proc.leftovers  # every rank and worker exited with the recipe
     ranks = [json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in ranks] == [0, 1]
     assert {r["world_size"] for r in ranks} == {2}

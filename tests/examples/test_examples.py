@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers.procs import Finished, run_in_session
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 SMALL = ["--images", "160", "--epochs", "2"]  # batches of 100: 4 steps
 
 
-def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], tmp_path: Path) -> Finished:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)}
-    return subprocess.run(
-        [sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
-    )
+    proc = run_in_session([sys.executable, *args], timeout=280, env=env, cwd=tmp_path)
+    assert not proc.leftovers  # nothing the example started outlives it
+    return proc
 
 
 @pytest.mark.parametrize("script", ["slow_training.py", "fast_training.py"])
