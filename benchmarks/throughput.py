@@ -1,17 +1,27 @@
-"""Overhead of ThroughputLogger vs no callback vs Lightning's ThroughputMonitor.
+"""Overhead of ThroughputLogger vs no callback, an empty callback and Lightning's ThroughputMonitor.
 
 Fits TinyMLP (worst case: a step that does almost nothing) and SmallCNN on the CPU, alternating
-the three variants round by round in one process, and prints median fit time and its ratio to
-the bare fit. Only the ratios mean anything on a shared machine.
+the variants round by round in one process, and prints median fit time, its ratio to the bare
+fit and the microseconds per step each variant adds over an empty callback (the floor any
+callback pays for Lightning's hook dispatch), in wall time and in the process's CPU time (which
+a busy machine's preemptions do not inflate). Only ratios and differences mean anything on a
+shared machine.
 
-    .venv/bin/python benchmarks/throughput.py [--quick]
+Two more tables time the hook bodies of ThroughputLogger and of ThroughputMonitor inside real
+TinyMLP fits (each hook wrapped in two ``perf_counter`` reads): where their microseconds per
+step go, without the fit-to-fit noise of the first table.
+
+    .venv/bin/python benchmarks/throughput.py [--quick] [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 import warnings
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,32 +29,103 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from _common import SmallCNN, TinyMLP, alternate, fit_seconds, print_table
+from _common import SmallCNN, TinyMLP, print_table, quiet_trainer
 from pytorch_lightning import Callback, LightningModule
 from pytorch_lightning.callbacks import ThroughputMonitor
 
 from lightning_speedpack import ThroughputLogger
+
+EMPTY = "empty Callback"
+Sample = tuple[float, float]  # wall seconds, CPU seconds
 
 
 def _batch_size(batch: Any) -> int:
     return int(batch[0].shape[0])
 
 
+def _fit(factory: Callable[[], LightningModule], callbacks: list[Any], epochs: int) -> Sample:
+    """Wall and CPU seconds of one ``fit`` of a fresh model (trainer construction excluded)."""
+    trainer = quiet_trainer(max_epochs=epochs, log_every_n_steps=50, callbacks=callbacks)
+    model = factory()
+    wall, cpu = time.perf_counter(), time.process_time()
+    trainer.fit(model)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 def _variants(
     factory: Callable[[], LightningModule], epochs: int
-) -> dict[str, Callable[[], float]]:
-    common: dict[str, Any] = {"max_epochs": epochs, "log_every_n_steps": 50}
+) -> dict[str, Callable[[], Sample]]:
     return {
-        "bare": lambda: fit_seconds(factory, **common),
+        "bare": lambda: _fit(factory, [], epochs),
         # Any callback costs Lightning's per-hook dispatch: this is that floor.
-        "empty Callback": lambda: fit_seconds(factory, callbacks=[Callback()], **common),
-        "ThroughputLogger": lambda: fit_seconds(
-            factory, callbacks=[ThroughputLogger(batch_size_fn=_batch_size)], **common
+        EMPTY: lambda: _fit(factory, [Callback()], epochs),
+        "ThroughputLogger": lambda: _fit(
+            factory, [ThroughputLogger(batch_size_fn=_batch_size)], epochs
         ),
-        "ThroughputMonitor": lambda: fit_seconds(
-            factory, callbacks=[ThroughputMonitor(batch_size_fn=_batch_size)], **common
+        "ThroughputMonitor": lambda: _fit(
+            factory, [ThroughputMonitor(batch_size_fn=_batch_size)], epochs
         ),
     }
+
+
+def _alternate(variants: dict[str, Callable[[], Sample]], repeats: int) -> dict[str, Sample]:
+    """Each variant once per round in rotating order; the median wall and CPU seconds of each."""
+    names = list(variants)
+    samples: dict[str, list[Sample]] = {n: [] for n in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(variants[name]())
+    return {
+        n: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+        for n, v in samples.items()
+    }
+
+
+def _timed(
+    fn: Callable[..., Any], name: str, spent: dict[str, float], count: dict[str, int]
+) -> Callable[..., Any]:
+    """``fn`` adding its duration to ``spent[name]`` and its calls to ``count[name]``."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        spent[name] += time.perf_counter() - start
+        count[name] += 1
+        return out
+
+    return timed
+
+
+def _hook_times(
+    factory: Callable[[], Callback], epochs: int, fits: int
+) -> dict[str, tuple[int, float]]:
+    """Seconds per fit spent in each hook the callback overrides (least over ``fits``), calls.
+
+    The least, not the median: on a shared machine a preemption that lands inside a hook adds
+    milliseconds to one fit's sum; the fit with the fewest is the closest to the hook's cost.
+    """
+    per_fit: dict[str, list[float]] = defaultdict(list)
+    calls: dict[str, int] = {}
+    cls = type(factory())
+    hooks = [
+        n
+        for n in dir(cls)
+        if (n.startswith("on_") or n in ("setup", "teardown"))
+        and getattr(cls, n) is not getattr(Callback, n, None)
+    ]
+    for _ in range(fits):
+        callback = factory()
+        spent: dict[str, float] = dict.fromkeys(hooks, 0.0)
+        count: dict[str, int] = dict.fromkeys(hooks, 0)
+        for name in hooks:
+            timed = _timed(getattr(callback, name), name, spent, count)
+            setattr(callback, name, timed)  # Lightning looks hooks up on the instance
+        quiet_trainer(max_epochs=epochs, log_every_n_steps=50, callbacks=[callback]).fit(TinyMLP())
+        for name in hooks:
+            if count[name]:
+                per_fit[name].append(spent[name])
+                calls[name] = count[name]
+    return {name: (calls[name], min(v)) for name, v in per_fit.items()}
 
 
 def main() -> None:
@@ -63,18 +144,54 @@ def main() -> None:
         ("TinyMLP", TinyMLP, 1 if args.quick else 3, 128),
         ("SmallCNN", SmallCNN, 2 if args.quick else 6, 16),
     ]
-    for name, factory, epochs, steps in models:
-        fit_seconds(factory, max_epochs=1)  # warm-up
-        medians = alternate(_variants(factory, epochs), repeats=repeats)
-        bare = medians["bare"]
+    for name, factory, epochs, steps_per_epoch in models:
+        steps = epochs * steps_per_epoch
+        _fit(factory, [], 1)  # warm-up
+        medians = _alternate(_variants(factory, epochs), repeats=repeats)
+        bare, (empty, empty_cpu) = medians["bare"][0], medians[EMPTY]
         rows = [
-            [variant, seconds, 1000.0 * seconds / (epochs * steps), seconds / bare]
-            for variant, seconds in medians.items()
+            [
+                variant,
+                wall,
+                1000.0 * wall / steps,
+                wall / bare,
+                "" if variant in ("bare", EMPTY) else f"{1e6 * (wall - empty) / steps:+.1f}",
+                "" if variant in ("bare", EMPTY) else f"{1e6 * (cpu - empty_cpu) / steps:+.1f}",
+            ]
+            for variant, (wall, cpu) in medians.items()
         ]
         print_table(
-            f"{name}: {epochs * steps} steps, median of {repeats} alternating fits",
-            ["variant", "fit s", "ms/step", "x bare"],
+            f"{name}: {steps} steps, median of {repeats} alternating fits",
+            [
+                "variant",
+                "fit s",
+                "ms/step",
+                "x bare",
+                "us/step added over empty callback",
+                "same, in CPU time",
+            ],
             rows,
+        )
+
+    epochs = 1 if args.quick else 3
+    steps = epochs * 128
+    callbacks: dict[str, Callable[[], Callback]] = {
+        "ThroughputLogger": lambda: ThroughputLogger(batch_size_fn=_batch_size),
+        "ThroughputMonitor": lambda: ThroughputMonitor(batch_size_fn=_batch_size),
+    }
+    for label, make in callbacks.items():
+        times = _hook_times(make, epochs, fits=repeats)
+        hook_rows: list[list[Any]] = [
+            [hook, calls, 1e6 * seconds / calls, 1e6 * seconds / steps]
+            for hook, (calls, seconds) in sorted(times.items(), key=lambda kv: -kv[1][1])
+        ]
+        total = sum(seconds for _, seconds in times.values())
+        hook_rows.append(["all hooks", "", "", 1e6 * total / steps])
+        print_table(
+            f"{label}'s hook bodies inside TinyMLP fits ({steps} steps, logs every 50; least of "
+            f"{repeats} fits; each call also pays ~0.1 us for its own timing)",
+            ["hook", "calls per fit", "us per call", "us per step"],
+            hook_rows,
         )
 
 

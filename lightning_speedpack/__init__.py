@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from lightning_speedpack.advisor import AdvisorFinding, DeviceInfo, SpeedAdvisor
     from lightning_speedpack.batch_size import BatchSizeTuner, BatchSizeTuningError
     from lightning_speedpack.core.findings import Finding
-    from lightning_speedpack.data import CacheBudgetWarning, CachedDataset, CacheInfo
+    from lightning_speedpack.data import CacheBudgetWarning, CachedDataset, CachedStream, CacheInfo
     from lightning_speedpack.retention import (
         LossRetentionDetector,
         RetainedGraph,
@@ -62,6 +62,7 @@ _ROOMS = {
     "CacheBudgetWarning": "data",
     "CacheInfo": "data",
     "CachedDataset": "data",
+    "CachedStream": "data",
     "DDPSpeedpackStrategy": "strategies",
     "DeviceInfo": "advisor",
     "Finding": "core.findings",
@@ -84,6 +85,7 @@ __all__ = [
     "CacheBudgetWarning",
     "CacheInfo",
     "CachedDataset",
+    "CachedStream",
     "DDPSpeedpackStrategy",
     "DeviceInfo",
     "Finding",

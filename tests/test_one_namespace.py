@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers.procs import run_in_session
+
 #: Hides the packages named in HIDDEN; put first on sys.meta_path before anything is imported.
 HIDE = """\
 import importlib.abc, sys
@@ -92,13 +94,7 @@ CASES = {
 
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_in_session([sys.executable, "-W", "ignore", "-c", code], timeout=240)
 
 
 @pytest.mark.timeout(260)

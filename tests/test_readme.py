@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.procs import run_in_session
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
@@ -33,12 +34,10 @@ def test_readme_has_only_languages_this_test_runs() -> None:
 def test_python_block_runs(line: int, code: str, tmp_path: Path) -> None:
     script = tmp_path / f"readme_line_{line}.py"
     script.write_text(code)
-    proc = subprocess.run(
+    proc = run_in_session(
         [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=300,
+        cwd=tmp_path,
         env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
     )
     assert proc.returncode == 0, f"README.md line {line}:\n{proc.stderr[-3000:]}"
@@ -64,12 +63,10 @@ def test_shell_line_runs(line: int, cmd: str, tmp_path: Path) -> None:
     elif argv[0] in ("python", "speedpack", "torchrun"):  # the venv's, wherever PATH points
         argv = [str(Path(sys.executable).with_name(argv[0])), *argv[1:]]
     (tmp_path / "examples").symlink_to(REPO / "examples")  # README paths are repo-relative
-    proc = subprocess.run(
+    proc = run_in_session(
         argv,
-        cwd=REPO if argv[0] == "make" else tmp_path,
-        capture_output=True,
-        text=True,
         timeout=600,
+        cwd=REPO if argv[0] == "make" else tmp_path,
         env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
     )
     assert proc.returncode == 0, f"README.md line {line}: {cmd}\n{proc.stderr[-3000:]}"

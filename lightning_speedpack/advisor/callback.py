@@ -17,6 +17,7 @@ from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, Loader
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_info
 from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.tables import TABLES, Cell, log_fit_end, log_summary, log_table
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -91,13 +92,30 @@ class SpeedAdvisor(Callback):
       this only matters when an override passes ``False``). Manual optimization is not covered.
 
     Rank policy: runs on every rank with no collectives (each rank checks its own process);
-    prints on rank 0 only.
+    prints and logs on rank 0 only.
 
     After the measurement: :attr:`findings` (list of ``AdvisorFinding``, in the table's order),
     :attr:`skipped` (finding id -> why it was not evaluated), :attr:`applied` (the fixes
     applied), :attr:`measured_steps` and :attr:`data_wait_fraction` (None before any step was
-    measured). Nothing is logged to the Trainer's loggers and nothing is checkpointed: a
-    resumed run measures again.
+    measured). Nothing is checkpointed: a resumed run measures again.
+
+    At the end of fit (once, rank 0, through the Trainer's loggers; see
+    :mod:`lightning_speedpack.core.tables` for what W&B, CSV and TensorBoard get):
+
+    ===========================================  ===========================================
+    key                                          what
+    ===========================================  ===========================================
+    ``speedpack/advisor``                        table, one row per finding: ``id``,
+                                                 ``severity``, ``evidence``, ``fix``,
+                                                 ``location``
+    ``speedpack/advisor/{error,warning,info}``   summary: findings per severity
+    ``speedpack/advisor_findings``               summary: number of findings
+    ``speedpack/advisor/data_wait_fraction``     summary: the measured data wait (when
+                                                 measured)
+    ===========================================  ===========================================
+
+    When it is the last of the pack's callbacks on the Trainer it also logs
+    ``speedpack/findings`` (every pack callback's findings) and their counts.
 
     Args:
         measure_steps: training steps to measure after the warm-up step before reporting.
@@ -345,7 +363,11 @@ class SpeedAdvisor(Callback):
         if self._measuring and not self._reported:
             self._report(trainer)  # the run had fewer steps than measure_steps
 
-    # --- end of fit: undo ------------------------------------------------------------------
+    # --- end of fit: log, undo -------------------------------------------------------------
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log_fit_end(trainer, self)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -409,6 +431,21 @@ class SpeedAdvisor(Callback):
         if self.skipped:
             reasons = sorted(set(self.skipped.values()))
             console.print(f"skipped {', '.join(sorted(self.skipped))}: {'; '.join(reasons)}")
+
+    def log_tables(self, trainer: pl.Trainer) -> None:
+        """Log the ``speedpack/advisor`` table and its summary counts (rank 0, no sync)."""
+        rows: list[list[Cell]] = [
+            [f.id, f.severity, f.evidence, f.fix, f.location] for f in self.findings
+        ]
+        log_table(trainer, "speedpack/advisor", TABLES["speedpack/advisor"], rows)
+        fields: dict[str, Cell] = {
+            f"speedpack/advisor/{severity}": sum(f.severity == severity for f in self.findings)
+            for severity in ("error", "warning", "info")
+        }
+        fields["speedpack/advisor_findings"] = len(self.findings)
+        if self.data_wait_fraction is not None:
+            fields["speedpack/advisor/data_wait_fraction"] = round(self.data_wait_fraction, 4)
+        log_summary(trainer, fields)
 
     def doctor_findings(self) -> list[Finding]:
         """Return :attr:`findings` as the doctor's findings (component ``"advisor"``)."""

@@ -29,6 +29,14 @@ from lightning_speedpack.core.lightning import (
     rank_zero_info,
 )
 from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.tables import (
+    TABLES,
+    Cell,
+    log_fit_end,
+    log_line_chart,
+    log_summary,
+    log_table,
+)
 from lightning_speedpack.core.trials import (
     StateSnapshot,
     TrialRunner,
@@ -92,6 +100,25 @@ class BatchSizeTuner(Callback):
     ``batch_size``        the batch size the run trains with
     ``tuned_batch_size``  the size the tuner chose (differs from ``batch_size`` with ``dry_run``)
     ====================  =====================================================================
+
+    At the end of fit (once, rank 0, through the Trainer's loggers; see
+    :mod:`lightning_speedpack.core.tables` for what W&B, CSV and TensorBoard get):
+
+    =====================================  ==================================================
+    key                                    what
+    =====================================  ==================================================
+    ``speedpack/batch_size_trials``        table, one row per trial: ``batch_size``, ``fits``,
+                                           ``samples_per_sec`` (empty when not measured),
+                                           ``chosen`` (when trials ran)
+    ``speedpack/batch_size_trials_chart``  line chart of samples/s against batch size (W&B;
+                                           TensorBoard: a scalar with the batch size as its
+                                           step), when samples/s were measured
+    ``speedpack/tuned_batch_size``         summary: the size the tuner chose (when trials ran)
+    ``speedpack/batch_size``               summary: the batch size the fit trained with
+    =====================================  ==================================================
+
+    When it is the last of the pack's callbacks on the Trainer it also logs
+    ``speedpack/findings`` (every pack callback's findings) and their counts.
 
     Trials draw their batches in the main process: a DataLoader's ``num_workers`` is set to 0
     for the trial and put back afterwards. Each trial builds a loader for its own size, so with
@@ -263,6 +290,10 @@ class BatchSizeTuner(Callback):
                 self._in_use = infer_batch_size(batch)  # shape only, no device sync
 
     @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log_fit_end(trainer, self)
+
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "batch_size": self.batch_size,
@@ -279,6 +310,39 @@ class BatchSizeTuner(Callback):
         self._original = state_dict.get("original_batch_size")
         self.trials = [Trial(int(b), bool(f), s) for b, f, s in state_dict.get("trials", [])]
         self._restored = True
+
+    # ----------------------------------------------------------------- tables
+
+    def log_tables(self, trainer: pl.Trainer) -> None:
+        """Log the trials table, the samples/s chart and the batch sizes (rank 0, no sync)."""
+        fields: dict[str, Cell] = {}
+        if self._in_use is not None:
+            fields["speedpack/batch_size"] = self._in_use
+        if self.trials:
+            chosen = self.batch_size
+            rows: list[list[Cell]] = [
+                [t.batch_size, t.fits, t.samples_per_sec, t.fits and t.batch_size == chosen]
+                for t in self.trials
+            ]
+            log_table(
+                trainer, "speedpack/batch_size_trials", TABLES["speedpack/batch_size_trials"], rows
+            )
+            speeds = {  # one point per size (the last measured), in size order
+                t.batch_size: t.samples_per_sec
+                for t in self.trials
+                if t.fits and t.samples_per_sec is not None
+            }
+            if speeds:
+                log_line_chart(
+                    trainer,
+                    "speedpack/batch_size_trials_chart",
+                    sorted(speeds.items()),
+                    "batch_size",
+                    "samples_per_sec",
+                    title="BatchSizeTuner: samples/s vs batch size",
+                )
+            fields["speedpack/tuned_batch_size"] = chosen
+        log_summary(trainer, fields)
 
     # ----------------------------------------------------------------- doctor
 

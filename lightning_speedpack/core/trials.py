@@ -50,6 +50,8 @@ __all__ = [
     "main_process_loading",
     "samples_in",
     "sync_device",
+    "time_training_steps",
+    "train_step",
 ]
 
 
@@ -268,7 +270,6 @@ class TrialRunner:
 
     def _train_steps(self, size: int, stack: ExitStack) -> float | None:
         strategy, module = self.trainer.strategy, self.module
-        precision = self.trainer.precision_plugin
         module.train()
         batches = self._open(stack, self.source.train_dataloader)
         rates: list[float] = []
@@ -282,20 +283,12 @@ class TrialRunner:
                 sync_device(strategy.root_device)
                 start = time.perf_counter()
             batch = strategy.batch_to_device(batch)
-            with precision.train_step_context():
-                # The LightningModule itself, not the DDP wrapper: no gradient all-reduce, so a
-                # rank that runs out of memory cannot leave the others waiting in a collective.
-                out = module.training_step(batch, step)
-            loss = out.get("loss") if isinstance(out, Mapping) else out
-            if isinstance(loss, torch.Tensor):
-                loss.backward()  # type: ignore[no-untyped-call]
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            train_step(self.trainer, module, self.optimizer, batch, step)
             if step >= 1:
                 sync_device(strategy.root_device)
                 seconds = max(time.perf_counter() - start, 1e-9)
                 rates.append(samples_in(batch, size) / seconds)
-            del batch, out, loss
+            del batch
         # the median step: one step slowed down by another process does not decide
         return statistics.median(rates) if rates else None
 
@@ -312,6 +305,71 @@ class TrialRunner:
                 module.validation_step(batch, 0)
         finally:
             module.train()
+
+
+def train_step(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    batch_idx: int,
+) -> None:
+    """One real training step on a batch already on the device: forward, backward, step.
+
+    The LightningModule itself runs, not the DDP wrapper: no gradient all-reduce, so a rank
+    that runs out of memory cannot leave the others waiting in a collective.
+    """
+    with trainer.precision_plugin.train_step_context():
+        out = pl_module.training_step(batch, batch_idx)
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(loss, torch.Tensor):
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def time_training_steps(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    steps: int,
+    *,
+    warmup: int = 1,
+) -> tuple[float, int]:
+    """Time ``steps`` training steps on one in-memory ``batch``; put every state back.
+
+    The batch is moved to the device once; ``warmup`` untimed steps run first. Parameters,
+    buffers, gradients, modes, optimizer and scheduler states and the RNG states are restored
+    bit-identically afterwards (:class:`StateSnapshot`), and ``self.log`` is a no-op meanwhile.
+
+    Returns:
+        ``(seconds, samples)``: the wall time of the timed steps and the samples they processed.
+
+    Raises:
+        ValueError: ``steps`` is not positive or ``warmup`` is negative.
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"`steps` must be >= 1 and `warmup` >= 0, got {steps!r}, {warmup!r}")
+    snapshot = StateSnapshot.take(trainer, pl_module)
+    optimizer = trainer.optimizers[0]
+    device = trainer.strategy.root_device
+    try:
+        with logging_disabled(pl_module):
+            pl_module.train()
+            on_device = trainer.strategy.batch_to_device(batch)
+            samples = samples_in(on_device, 1)
+            for step in range(warmup):
+                train_step(trainer, pl_module, optimizer, on_device, step)
+            sync_device(device)
+            start = time.perf_counter()
+            for step in range(steps):
+                train_step(trainer, pl_module, optimizer, on_device, warmup + step)
+            sync_device(device)
+            seconds = time.perf_counter() - start
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        snapshot.restore()
+    return seconds, samples * steps
 
 
 @contextmanager

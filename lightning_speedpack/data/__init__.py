@@ -15,13 +15,15 @@ if TYPE_CHECKING:
         CacheInfo,
     )
     from lightning_speedpack.data.node import node_id
+    from lightning_speedpack.data.stream import CachedStream
 
-__all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset", "node_id"]
+__all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset", "CachedStream", "node_id"]
 
 _WHERE = {
     "CacheBudgetWarning": "cached_dataset",
     "CacheInfo": "cached_dataset",
     "CachedDataset": "cached_dataset",
+    "CachedStream": "stream",
     "node_id": "node",
 }
 

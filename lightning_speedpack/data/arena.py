@@ -2,23 +2,18 @@
 
 The whole cache is a single file, in ``/dev/shm`` (``storage="shared"``) or anywhere on disk
 (``storage="disk"``), mapped ``MAP_SHARED`` by every process that uses it. Everything the
-processes need to agree on lives inside the file, never in per-process Python objects:
-
-======================  =====================================================================
-words 0-63              header: magic, version, sizes, bump pointer, budget flag, fingerprint
-counters (512 x 4)      ``(pid, generation, hits, misses)``: one row per process, so counting
-                        a hit is a plain store with no lock; rows of dead processes are folded
-                        into the header's retired totals before reuse
-slots (n x 4)           ``(state, writer, offset, nbytes)`` for each dataset index
-payload                 the encoded samples, each at a 64-byte boundary (see ``_codec``)
-======================  =====================================================================
+processes need to agree on lives inside the file, never in per-process Python objects (the
+layout, creation and each process's handle are in :mod:`~lightning_speedpack.data.arena_file`).
 
 Protocol. Every state change happens while holding ``fcntl.flock`` on the file (each process
 opens its own descriptor, so the lock also separates a parent from its forked children):
 ``EMPTY -> WRITING(writer)`` reserves payload space from the bump pointer, the payload is then
 copied without the lock, and ``WRITING(writer) -> READY`` publishes it. A reader only decodes a
 slot it sees ``READY``, and a ``READY`` slot never changes again, so a reader never sees a torn
-sample; the lock's system calls order the writer's payload stores before its flag store.
+sample; the lock's system calls order the writer's payload stores before its flag store. A
+map-style cache has one slot per dataset index (:meth:`Arena.put`); a stream cache appends to
+the next free slot (:meth:`Arena.append`) and keeps, per shard of the stream, how far it is
+stored and whether it is done, so the cache knows when the first pass is complete.
 
 Liveness (see :mod:`~lightning_speedpack.data.liveness`) never trusts a pid: every process
 that maps the file holds a shared lock on its "users" byte, owners one on its "owners" byte,
@@ -27,9 +22,8 @@ writer is ``(r, generation of r at the claim)``; the writer is alive exactly whi
 still has that generation and its lock is held. So a slot left ``WRITING`` by a dead process
 -- killed mid-write, or whose copy raised -- is reclaimed by the next writer (its space
 reused), a worker killed mid-write leaves the index unfilled, not corrupt, and a reused pid
-can never make a dead writer look alive (which left such an index uncached for the rest of
-the run). Two processes racing on one index both compute the sample, one publishes it,
-neither waits.
+can never make a dead writer look alive. Two processes racing on one index both compute the
+sample, one publishes it, neither waits.
 
 Lifetime. A process that opens the cache itself is an owner; pickled copies in DataLoader
 workers attach as users only, and a forked child gets its own descriptor at the fork (users
@@ -40,11 +34,6 @@ disk file stays. A shared file nobody holds (a killed run) is removed by the nex
 when opened, never reused; a disk file is reused when its fingerprint matches and rebuilt
 otherwise. Replacement writes a complete new file and ``rename``s it into place, so a process
 still mapping the old one is unaffected.
-
-Fork safety. Each process's handle owns one descriptor and two ``threading.Lock``s; an
-``os.register_at_fork`` hook gives a forked child a new descriptor (its own users lock, not
-the parent's owner or row locks) and new thread locks, so a lock another thread held at the
-fork cannot deadlock the child. No thread is ever started here.
 """
 
 from __future__ import annotations
@@ -53,34 +42,64 @@ import contextlib
 import errno
 import fcntl
 import functools
-import mmap
+import operator
 import os
-import threading
-import time
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from lightning_speedpack.data import liveness
-from lightning_speedpack.data.codec import ALIGN, EncodedSample, decode
-from lightning_speedpack.data.liveness import MAGIC, OWNERS, ROWS, USERS, VERSION
+from lightning_speedpack.data.arena_file import (
+    _CAPACITY,
+    _COMPLETE,
+    _EXHAUSTED,
+    _FILL_EXPECTED,
+    _FILL_WORKERS,
+    _KIND,
+    _NEXT,
+    _NONCE,
+    _NSLOTS,
+    _RESERVED,
+    _RETIRED_HITS,
+    _RETIRED_MISSES,
+    _USED,
+    HEADER_WORDS,
+    MAX_COUNTERS,
+    MAX_FILLERS,
+    SLOT_WORDS,
+    ArenaState,
+    Handle,
+    create,
+    layout,
+    locked,
+    map_file,
+    only_user,
+    read_words,
+    release,
+    same_file,
+    usable,
+)
+from lightning_speedpack.data.codec import _LEN, ALIGN, EncodedSample, decode, plan_of
+from lightning_speedpack.data.codec import _PARSED as _PLANS
+from lightning_speedpack.data.liveness import OWNERS, ROWS, USERS
 
-__all__ = ["MISSING", "Arena", "ArenaState", "StoreResult"]
+__all__ = [
+    "EMPTY",
+    "HEADER_WORDS",
+    "MISSING",
+    "READY",
+    "WRITING",
+    "Arena",
+    "ArenaState",
+    "StoreResult",
+]
 
-HEADER_WORDS = 64
-MAX_COUNTERS = 512
-SLOT_WORDS = 4
 RESERVE_CHUNK = 16 << 20
 _ROW_BITS = 16  # writer word: (generation << 16) | (row + 1); 0 means "no live writer"
 
 EMPTY, READY, WRITING = 0, 1, 2
-
-# header word indices
-_MAGIC, _VERSION, _DATA_START, _NSLOTS, _CAPACITY, _USED, _EXHAUSTED, _RESERVED = range(8)
-_RETIRED_HITS, _RETIRED_MISSES, _KIND, _NONCE, _FINGERPRINT = 8, 9, 10, 11, 12  # fp: 12-15
 
 StoreResult = Literal["stored", "skipped", "budget_exhausted_now", "budget_exhausted"]
 
@@ -93,96 +112,6 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-def _layout(n_slots: int) -> tuple[int, int, int]:
-    """Word offsets of the counters and slots tables, and the payload start in bytes."""
-    counters = HEADER_WORDS
-    slots = counters + MAX_COUNTERS * 4
-    end = (slots + n_slots * SLOT_WORDS) * 8
-    return counters, slots, (end + 4095) // 4096 * 4096
-
-
-@dataclass(frozen=True)
-class ArenaState:
-    """What a pickled copy needs to re-attach: the file, and which file it must be."""
-
-    path: str
-    inode: int
-    device: int
-    nonce: int  # random per created file: inode numbers are reused on tmpfs
-
-
-_handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
-
-
-class _Handle:
-    """The OS resources of one arena in one process; closed by ``Arena.close`` or a finalizer."""
-
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, *, owner: bool, kind: str) -> None:
-        self.path = path
-        self.fd = fd  # holds the users lock (and the owners lock for an owner)
-        self.fd_pid = os.getpid()
-        self.mm = mm
-        self.owner = owner
-        self.kind = kind
-        self.views: list[np.ndarray[Any, Any]] = []
-        self.memoryviews: list[memoryview] = []
-        self.thread_lock = threading.Lock()  # flock does not separate threads sharing one fd
-        self.count_lock = threading.Lock()  # `+=` on a counter is not atomic between threads
-        self.closed = False
-        _handles.add(self)
-
-    def lock_fd(self) -> int:
-        """This process's descriptor (a forked child gets its own first, if the hook missed)."""
-        if self.fd_pid != os.getpid():
-            self.after_fork_in_child()
-        return self.fd
-
-    def after_fork_in_child(self) -> None:
-        """Give this (forked) process its own open file description, users lock, thread locks.
-
-        The inherited descriptor shares the parent's description -- its flock, owner lock and
-        counter-row lock -- so it is closed: the parent's locks stay the parent's alone.
-        """
-        self.thread_lock = threading.Lock()  # another thread may have held it at the fork
-        self.count_lock = threading.Lock()
-        if self.closed or self.fd_pid == os.getpid():
-            return
-        inherited = self.fd
-        try:
-            fd = os.open(f"/proc/self/fd/{inherited}", os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
-        liveness.lock(fd, USERS)
-        self.fd, self.fd_pid, self.owner = fd, os.getpid(), False
-        os.close(inherited)
-
-    def close(self, release: Any = None) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if release is not None and self.owner and self.fd_pid == os.getpid():
-            with contextlib.suppress(Exception):
-                release()
-        self.views.clear()
-        for view in self.memoryviews:
-            view.release()
-        self.memoryviews.clear()
-        with contextlib.suppress(BufferError, ValueError):
-            self.mm.close()  # a BufferError means someone still holds a view; the OS unmaps at exit
-        if self.fd_pid == os.getpid():
-            with contextlib.suppress(OSError):
-                os.close(self.fd)  # drops this description's liveness locks
-
-
-def _after_fork_in_child() -> None:
-    for handle in list(_handles):
-        with contextlib.suppress(Exception):  # never fail a fork; lock_fd retries lazily
-            handle.after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class Arena:
     """The shared cache file of one dataset: see the module docstring for the protocol.
 
@@ -190,22 +119,23 @@ class Arena:
     it from a pickled ``ArenaState``.
     """
 
-    def __init__(self, handle: _Handle, *, created: bool) -> None:
+    def __init__(self, handle: Handle, *, created: bool) -> None:
         self._h = handle
         self.created = created
         mm = handle.mm
         words = np.frombuffer(mm, dtype=np.int64, count=HEADER_WORDS)
         n_slots = int(words[_NSLOTS])
-        c, s, data_start = _layout(n_slots)
+        c, f, s, data_start = layout(n_slots)
         table = np.frombuffer(mm, dtype=np.int64, count=data_start // 8)
         self._words = words
-        self._counters = table[c:s].reshape(MAX_COUNTERS, 4)
+        self._counters = table[c:f].reshape(MAX_COUNTERS, 4)
+        self._fillers = table[f:s].reshape(MAX_FILLERS, 4)
         self._slots = table[s : s + n_slots * SLOT_WORDS].reshape(n_slots, SLOT_WORDS)
         self._bytes = np.frombuffer(mm, dtype=np.uint8)
         # Flat int64 memoryviews: reading one slot or bumping one counter through them costs
         # a fraction of a numpy scalar access, and the hit path does both once per sample.
         self._slot_words = memoryview(mm)[s * 8 : (s + n_slots * SLOT_WORDS) * 8].cast("q")
-        self._counter_words = memoryview(mm)[c * 8 : s * 8].cast("q")
+        self._counter_words = memoryview(mm)[c * 8 : f * 8].cast("q")
         handle.views.extend([words, table, self._bytes])
         handle.memoryviews.extend([self._slot_words, self._counter_words])
         self.n_slots = n_slots
@@ -214,7 +144,7 @@ class Arena:
         self._row = -1
         self._row_pid = -1
         self._writer = 0
-        self._finalizer = weakref.finalize(self, handle.close, functools.partial(_release, handle))
+        self._finalizer = weakref.finalize(self, handle.close, functools.partial(release, handle))
 
     # ----------------------------------------------------------------- opening and closing
     @classmethod
@@ -234,10 +164,10 @@ class Arena:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
             except FileNotFoundError:
-                fd = _create(path, fingerprint, n_slots, capacity, kind, replace=False)
+                fd = create(path, fingerprint, n_slots, capacity, kind, replace=False)
                 if fd < 0:
                     continue  # another process created it first: open theirs
-                return cls(_map(path, fd, owner=True, kind=kind), created=True)
+                return cls(map_file(path, fd, owner=True, kind=kind), created=True)
             try:
                 liveness.lock(fd, USERS)  # from here on a reclaimer leaves this file alone
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -246,22 +176,22 @@ class Arena:
                 raise
             new_fd = -1
             try:
-                if not _same_file(fd, path):
+                if not same_file(fd, path):
                     continue  # reclaimed or replaced before we held it: look again
-                others = not _only_user(fd)
-                if _usable(fd, fingerprint, n_slots, kind) and (kind == "disk" or others):
+                others = not only_user(fd)
+                if usable(fd, fingerprint, n_slots, kind) and (kind == "disk" or others):
                     liveness.lock(fd, OWNERS)
-                    arena = cls(_map(path, fd, owner=True, kind=kind), created=False)
+                    arena = cls(map_file(path, fd, owner=True, kind=kind), created=False)
                     if not others:  # a fresh run reusing a disk cache: counting starts again
                         arena._reset_counts()
                     fcntl.flock(fd, fcntl.LOCK_UN)
                     fd = -1  # now the arena's
                     return arena
-                new_fd = _create(path, fingerprint, n_slots, capacity, kind, replace=True)
+                new_fd = create(path, fingerprint, n_slots, capacity, kind, replace=True)
             finally:
                 if fd >= 0:
                     os.close(fd)  # also drops the flock and this description's locks
-            return cls(_map(path, new_fd, owner=True, kind=kind), created=True)
+            return cls(map_file(path, new_fd, owner=True, kind=kind), created=True)
         raise RuntimeError(f"could not open the cache file {path}: it keeps being replaced")
 
     @classmethod
@@ -275,13 +205,13 @@ class Arena:
         try:
             liveness.lock(fd, USERS)
             st = os.fstat(fd)
-            words = _read_words(fd)
+            words = read_words(fd)
             same = (st.st_ino, st.st_dev, int(words[_NONCE])) == (
                 state.inode,
                 state.device,
                 state.nonce,
             )
-            if not (same and _same_file(fd, state.path)):
+            if not (same and same_file(fd, state.path)):
                 raise FileNotFoundError(
                     f"the cache file {state.path} was replaced since this dataset was pickled"
                 )
@@ -289,7 +219,7 @@ class Arena:
             os.close(fd)
             raise
         kind = "disk" if words[_KIND] else "shared"
-        return cls(_map(state.path, fd, owner=False, kind=kind), created=False)
+        return cls(map_file(state.path, fd, owner=False, kind=kind), created=False)
 
     def state(self) -> ArenaState:
         """What ``attach`` needs in another process."""
@@ -310,7 +240,7 @@ class Arena:
         """Unmap; an owner also deregisters, and the last owner of a shared file unlinks it."""
         if self._finalizer.alive:
             # Drop this object's views first so the mapping can really be closed.
-            del self._words, self._counters, self._slots, self._bytes
+            del self._words, self._counters, self._fillers, self._slots, self._bytes
             del self._slot_words, self._counter_words
             self._finalizer()
 
@@ -321,7 +251,7 @@ class Arena:
         self._words[_RETIRED_HITS] = self._words[_RETIRED_MISSES] = 0
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
-        return _locked(self._h)
+        return locked(self._h)
 
     # ----------------------------------------------------------------------- the data path
     def get(self, index: int) -> Any:
@@ -330,6 +260,28 @@ class Arena:
         if words[at] != READY:
             return MISSING
         return decode(self._bytes, self.data_start + words[at + 2])
+
+    def get_many(self, indices: Sequence[Any], n: int) -> list[Any]:
+        """The decoded samples at ``indices``, ``MISSING`` where not published or not in [0, n).
+
+        One loop with the decoding inlined, for a whole batch (the DataLoader's batched fetch).
+        """
+        words, blob, data_start, mm = self._slot_words, self._bytes, self.data_start, self._h.mm
+        unpack, plans, head = _LEN.unpack_from, _PLANS, _LEN.size
+        out: list[Any] = []
+        for index in indices:
+            i = index if type(index) is int else operator.index(index)
+            if not 0 <= i < n or words[i * SLOT_WORDS] != READY:
+                out.append(MISSING)
+                continue
+            start = data_start + words[i * SLOT_WORDS + 2]
+            (length,) = unpack(mm, start)
+            text = mm[start + head : start + head + length]
+            plan = plans.get(text)
+            if plan is None:
+                plan = plan_of(text)
+            out.append(plan(blob, start + (head + length + ALIGN - 1) // ALIGN * ALIGN))
+        return out
 
     def is_ready(self, index: int) -> bool:
         """Whether ``index`` is published."""
@@ -405,6 +357,103 @@ class Arena:
         self._words[_USED] = used + size
         return used
 
+    # ----------------------------------------------------------------- stream caches
+    def append(self, encoded: EncodedSample) -> tuple[StoreResult, int]:
+        """Store ``encoded`` in the next free slot (a stream cache); say how, and which slot.
+
+        Returns ``("stored", index)``, ``("skipped", -1)`` when this process cannot write (more
+        than ``MAX_COUNTERS`` live processes), or a budget result and -1 when the slots
+        (``max_items``) or the bytes (``max_bytes``) are spent.
+        """
+        if self._words[_EXHAUSTED]:
+            return "budget_exhausted", -1
+        self._ensure_row()
+        me = self._writer
+        if me == 0:
+            return "skipped", -1
+        size = (encoded.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        with self._locked():
+            index = int(self._words[_NEXT])
+            offset = self._allocate(size) if index < self.n_slots else -1
+            if offset < 0:
+                first = not self._words[_EXHAUSTED]
+                self._words[_EXHAUSTED] = 1
+                return ("budget_exhausted_now" if first else "budget_exhausted"), -1
+            self._words[_NEXT] = index + 1
+            slot = self._slots[index]
+            slot[1], slot[2], slot[3] = me, offset, encoded.nbytes
+            slot[0] = WRITING
+        start = self.data_start + offset
+        try:
+            encoded.write_into(self._bytes[start : start + encoded.nbytes])
+        except BaseException:
+            with self._locked():
+                slot[1] = 0  # left WRITING: never served (a stream slot is never reused)
+            raise
+        with self._locked():
+            slot[0] = READY
+        return "stored", index
+
+    def join_fill(self, filler: int, expected: int, workers: int) -> bool:
+        """Take part in filling as shard ``filler`` of ``expected`` (``workers`` per rank).
+
+        The first caller fixes the configuration; returns False for a caller with another
+        one (it must not fill: its shards would not match).
+        """
+        with self._locked():
+            words = self._words
+            if words[_FILL_EXPECTED] == 0:
+                words[_FILL_EXPECTED], words[_FILL_WORKERS] = expected, workers
+            same = (int(words[_FILL_EXPECTED]), int(words[_FILL_WORKERS])) == (expected, workers)
+            return same and 0 <= filler < min(expected, MAX_FILLERS)
+
+    def fill_position(self, filler: int) -> int:
+        """How many items of shard ``filler`` are stored (or were passed over by the budget)."""
+        return int(self._fillers[filler, 0])
+
+    def set_fill_position(self, filler: int, position: int) -> None:
+        """Record progress of shard ``filler`` (only its own filler writes it)."""
+        self._fillers[filler, 0] = position
+
+    def fill_done(self, filler: int) -> int:
+        """0 while shard ``filler`` is being filled, 1 when complete, 2 when the budget cut it."""
+        return int(self._fillers[filler, 1])
+
+    def finish_fill(self, filler: int, *, cut: bool) -> None:
+        """Mark shard ``filler`` done; the cache is complete when every expected shard is."""
+        with self._locked():
+            self._fillers[filler, 1] = 2 if cut else 1
+            expected = int(self._words[_FILL_EXPECTED])
+            if expected and np.all(self._fillers[: min(expected, MAX_FILLERS), 1] != 0):
+                self._words[_COMPLETE] = 1
+
+    def fill_config(self) -> tuple[int, int]:
+        """The filling configuration: (expected shards, workers per rank); (0, 0) before."""
+        return int(self._words[_FILL_EXPECTED]), int(self._words[_FILL_WORKERS])
+
+    @property
+    def complete(self) -> bool:
+        """Whether every shard of the first pass is stored (a stream cache)."""
+        return bool(self._words[_COMPLETE])
+
+    @property
+    def cut(self) -> bool:
+        """Whether the budget cut some shard (its tail is only in the source)."""
+        expected = min(int(self._words[_FILL_EXPECTED]), MAX_FILLERS)
+        return bool(np.any(self._fillers[:expected, 1] == 2))
+
+    def next_pass(self, consumer: int) -> int:
+        """The number of passes ``consumer`` started before this one (the epoch it serves)."""
+        with self._locked():
+            row = self._fillers[consumer % MAX_FILLERS]
+            passes = int(row[2])
+            row[2] = passes + 1
+            return passes
+
+    def ready_items(self) -> np.ndarray[Any, Any]:
+        """The published slots of a stream cache, in the order they were appended."""
+        return np.flatnonzero(self._slots[: int(self._words[_NEXT]), 0] == READY)
+
     # -------------------------------------------------------------------------- counting
     def count(self, *, hit: bool, n: int = 1) -> None:
         """Count ``n`` hits or misses in this process's own row (no file lock)."""
@@ -441,142 +490,15 @@ class Arena:
         Read under the file lock, so a row being folded into the retired totals is never
         counted twice or not at all.
         """
+        appended = int(self._words[_NEXT]) or self.n_slots  # a stream cache: slots in use
         with self._locked():
             hits = int(self._words[_RETIRED_HITS] + self._counters[:, 2].sum())
             misses = int(self._words[_RETIRED_MISSES] + self._counters[:, 3].sum())
             return {
                 "hits": hits,
                 "misses": misses,
-                "items": int(np.count_nonzero(self._slots[:, 0] == READY)),
+                "items": int(np.count_nonzero(self._slots[:appended, 0] == READY)),
                 "bytes_used": int(self._words[_USED]),
                 "capacity_bytes": self.capacity,
                 "budget_exhausted": int(self._words[_EXHAUSTED]),
             }
-
-
-# ---------------------------------------------------------------------------- file helpers
-@contextlib.contextmanager
-def _locked(handle: _Handle) -> Iterator[None]:
-    fd = handle.lock_fd()  # first: after a fork it also replaces the thread lock
-    with handle.thread_lock:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def _only_user(fd: int) -> bool:
-    """Whether no other open file description uses the file (``fd`` keeps its users lock)."""
-    if not liveness.try_lock(fd, USERS, exclusive=True):
-        return False
-    liveness.lock(fd, USERS)  # back to shared: an atomic conversion
-    return True
-
-
-def _release(handle: _Handle) -> None:
-    """Deregister this owner; unlink a shared file when no other owner holds it."""
-    with _locked(handle):
-        fd = handle.fd
-        liveness.unlock(fd, OWNERS)
-        if (
-            handle.kind == "shared"
-            and liveness.try_lock(fd, OWNERS, exclusive=True)
-            and _same_file(fd, handle.path)
-        ):
-            os.unlink(handle.path)
-
-
-def _read_words(fd: int) -> np.ndarray[Any, Any]:
-    raw = os.pread(fd, HEADER_WORDS * 8, 0)
-    if len(raw) < HEADER_WORDS * 8:
-        return np.zeros(HEADER_WORDS, dtype=np.int64)
-    return np.frombuffer(raw, dtype=np.int64)
-
-
-def _usable(fd: int, fingerprint: bytes, n_slots: int, kind: str) -> bool:
-    """Whether an existing file (lock held) has this format, data and size."""
-    words = _read_words(fd)
-    return not (
-        words[_MAGIC] != MAGIC
-        or words[_VERSION] != VERSION
-        or words[_NSLOTS] != n_slots
-        or words[_KIND] != (kind == "disk")
-        or words[_FINGERPRINT : _FINGERPRINT + 4].tobytes() != fingerprint
-        or os.fstat(fd).st_size != words[_DATA_START] + words[_CAPACITY]
-    )
-
-
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (own.st_ino, own.st_dev) == (st.st_ino, st.st_dev)
-
-
-def _create(
-    path: str, fingerprint: bytes, n_slots: int, capacity: int, kind: str, *, replace: bool
-) -> int:
-    """Write a complete new file next to ``path`` and move it into place; return its fd.
-
-    The fd holds the users and owners locks from before the file is complete, so a reclaimer
-    never removes it. With ``replace=False`` the move is ``link`` (fails if another process won
-    the race: -1); with ``replace=True`` (lock on the old file held) it is an atomic ``rename``.
-    """
-    for _ in range(100):
-        tmp = f"{path}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            liveness.lock(fd, USERS)
-            liveness.lock(fd, OWNERS)
-            if not _same_file(fd, tmp):  # a reclaimer removed it before we held it
-                os.close(fd)
-                continue
-            return _fill_and_place(fd, tmp, path, fingerprint, n_slots, capacity, kind, replace)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-    raise RuntimeError(f"could not create the cache file {path}: its drafts keep vanishing")
-
-
-def _fill_and_place(
-    fd: int,
-    tmp: str,
-    path: str,
-    fingerprint: bytes,
-    n_slots: int,
-    capacity: int,
-    kind: str,
-    replace: bool,
-) -> int:
-    _, _, data_start = _layout(n_slots)
-    os.ftruncate(fd, data_start + capacity)
-    words = np.zeros(HEADER_WORDS, dtype=np.int64)
-    words[_MAGIC], words[_VERSION], words[_DATA_START] = MAGIC, VERSION, data_start
-    words[_NSLOTS], words[_CAPACITY], words[_KIND] = n_slots, capacity, kind == "disk"
-    words[_NONCE] = int.from_bytes(os.urandom(8), "little", signed=True)
-    words[_FINGERPRINT : _FINGERPRINT + 4] = np.frombuffer(fingerprint, dtype=np.int64)
-    os.pwrite(fd, words.tobytes(), 0)
-    if replace:
-        os.rename(tmp, path)
-        return fd
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        os.close(fd)
-        return -1
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    return fd
-
-
-def _map(path: str, fd: int, *, owner: bool, kind: str) -> _Handle:
-    size = os.fstat(fd).st_size
-    mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    return _Handle(path, fd, mm, owner=owner, kind=kind)

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import Any, Literal
 
 import numpy as np
@@ -23,12 +24,24 @@ from lightning_speedpack.data import reclaim
 from lightning_speedpack.data.arena import MISSING, Arena
 from lightning_speedpack.data.codec import encode
 from lightning_speedpack.data.node import node_id
+from lightning_speedpack.data.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, record_stage, stage
+from lightning_speedpack.data.stages import active as stages_active
 
-__all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset", "job_id"]
+__all__ = [
+    "TRANSFORM_STAGE",
+    "CacheBudgetWarning",
+    "CacheInfo",
+    "CachedDataset",
+    "check_options",
+    "job_id",
+    "open_arena",
+]
 
 SHM_DIR = reclaim.SHM_DIR
 MIN_DEFAULT_BUDGET = 64 << 20  # below this the default budget refuses instead of caching nothing
 _BUDGET_FRACTION = 0.5
+#: The stage the random ``transform`` of a cache is recorded under.
+TRANSFORM_STAGE = "transform"
 
 _instances: dict[str, int] = {}
 _instances_lock = threading.Lock()
@@ -164,6 +177,97 @@ def _default_budget(storage: str, where: str) -> int:
     return budget
 
 
+def open_arena(
+    fingerprint: bytes,
+    *,
+    n_slots: int,
+    max_bytes: int | None,
+    storage: str,
+    path: str | os.PathLike[str] | None,
+) -> Arena:
+    """Open (or create) the node's arena for a dataset; dead arenas are reclaimed first.
+
+    A shared arena is named from the fingerprint, the node and the job; a disk one is ``path``.
+    """
+    if storage == "disk" and path is not None:  # path is required for disk (validated)
+        file = str(Path(path).absolute())
+        where = os.path.dirname(file)
+    else:
+        where = SHM_DIR
+        if not os.path.isdir(SHM_DIR):
+            raise RuntimeError(
+                f"{SHM_DIR} does not exist on this system; use storage='disk', path=..."
+            )
+    budget = _default_budget(storage, where) if max_bytes is None else max_bytes
+    if storage == "shared" and max_bytes is not None:
+        free = shutil.disk_usage(SHM_DIR).free
+        if max_bytes > free:
+            raise ValueError(
+                f"max_bytes={max_bytes} ({_fmt(max_bytes)}) exceeds the {_fmt(free)} free in "
+                f"{SHM_DIR}; lower it, enlarge {SHM_DIR} (`docker run --shm-size=...`), or "
+                "use storage='disk', path=..."
+            )
+    if os.path.isdir(SHM_DIR):
+        with contextlib.suppress(OSError):  # e.g. another user's file: never fail for it
+            reclaim.scan(SHM_DIR, remove=True)  # arenas of killed runs, any dataset
+    if storage == "shared":
+        digest = fingerprint.hex()[:16]
+        with _instances_lock:
+            seq = _instances.get(digest, 0)
+            _instances[digest] = seq + 1
+        stem = os.path.join(SHM_DIR, f"{reclaim.PREFIX}{digest}-{seq}-n{node_id()}-")
+        job = job_id(lambda j: os.path.exists(stem + j))
+        file = stem + re.sub(r"[^A-Za-z0-9._-]", "_", job)
+    kind: Literal["shared", "disk"] = "disk" if storage == "disk" else "shared"
+    return Arena.open(file, fingerprint=fingerprint, n_slots=n_slots, capacity=budget, kind=kind)
+
+
+def check_options(
+    transform: Any,
+    max_bytes: Any,
+    storage: Any,
+    path: Any,
+    key: Any,
+    type_errors: list[str] | None = None,
+    value_errors: list[str] | None = None,
+) -> None:
+    """Check the options both caches share, all at once; raise TypeError or ValueError."""
+    type_errors = [] if type_errors is None else type_errors
+    value_errors = [] if value_errors is None else value_errors
+    if transform is not None and not callable(transform):
+        type_errors.append(f"`transform` must be callable or None, got {type(transform).__name__}")
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)):
+        type_errors.append(f"`max_bytes` must be an int or None, got {type(max_bytes).__name__}")
+    elif max_bytes is not None and max_bytes <= 0:
+        value_errors.append(f"`max_bytes` must be a positive int, got {max_bytes}")
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        type_errors.append(f"`path` must be a str or os.PathLike, got {type(path).__name__}")
+    if key is not None and (isinstance(key, bool) or not isinstance(key, (str, int))):
+        type_errors.append(f"`key` must be a str, an int or None, got {type(key).__name__}")
+    if storage not in ("shared", "disk"):
+        value_errors.append(f"`storage` must be 'shared' or 'disk', got {storage!r}")
+    if storage == "disk" and path is None:
+        value_errors.append("`storage='disk'` needs `path=` (the cache file), got None")
+    if storage == "shared" and path is not None:
+        value_errors.append(f"`path` is only used with storage='disk', got {str(path)!r}")
+    if type_errors:
+        raise TypeError("; ".join(type_errors + value_errors))
+    if value_errors:
+        raise ValueError("; ".join(value_errors))
+    if storage == "disk" and path is not None and os.path.isdir(path):
+        raise ValueError(f"`path` must be a file, got the directory {path}")
+
+
+def budget_warning(capacity: int, where: str) -> None:
+    """Warn (once per process and cache) that the budget is reached."""
+    warnings.warn(
+        f"{where} reached its budget of {_fmt(capacity)}; further samples pass through "
+        "uncached (raise `max_bytes`/`max_items`, or free /dev/shm)",
+        CacheBudgetWarning,
+        stacklevel=3,
+    )
+
+
 class CachedDataset(Dataset[Any]):
     """Cache a map-style dataset's decoded samples once per node, shared by all workers and ranks.
 
@@ -260,136 +364,96 @@ class CachedDataset(Dataset[Any]):
         self._len = length
         fingerprint = _fingerprint(dataset, length, key)
 
-        if storage == "disk" and path is not None:  # path is required for disk (validated)
-            file = str(Path(path).absolute())
-            where = os.path.dirname(file)
-        else:
-            where = SHM_DIR
-            if not os.path.isdir(SHM_DIR):
-                raise RuntimeError(
-                    f"{SHM_DIR} does not exist on this system; use storage='disk', path=..."
-                )
-        budget = _default_budget(storage, where) if max_bytes is None else max_bytes
-        if storage == "shared" and max_bytes is not None:
-            free = shutil.disk_usage(SHM_DIR).free
-            if max_bytes > free:
-                raise ValueError(
-                    f"max_bytes={max_bytes} ({_fmt(max_bytes)}) exceeds the {_fmt(free)} free in "
-                    f"{SHM_DIR}; lower it, enlarge {SHM_DIR} (`docker run --shm-size=...`), or "
-                    "use storage='disk', path=..."
-                )
-        if os.path.isdir(SHM_DIR):
-            with contextlib.suppress(OSError):  # e.g. another user's file: never fail for it
-                reclaim.scan(SHM_DIR, remove=True)  # arenas of killed runs, any dataset
-        if storage == "shared":
-            digest = fingerprint.hex()[:16]
-            with _instances_lock:
-                seq = _instances.get(digest, 0)
-                _instances[digest] = seq + 1
-            stem = os.path.join(SHM_DIR, f"{reclaim.PREFIX}{digest}-{seq}-n{node_id()}-")
-            job = job_id(lambda j: os.path.exists(stem + j))
-            file = stem + re.sub(r"[^A-Za-z0-9._-]", "_", job)
-        self._arena: Arena | None = Arena.open(
-            file, fingerprint=fingerprint, n_slots=length, capacity=budget, kind=storage
+        self._arena: Arena | None = open_arena(
+            fingerprint, n_slots=length, max_bytes=max_bytes, storage=storage, path=path
         )
 
     @staticmethod
     def _validate(
         dataset: Any, transform: Any, max_bytes: Any, storage: Any, path: Any, key: Any
     ) -> int:
-        if isinstance(dataset, IterableDataset):
-            raise TypeError(
-                f"CachedDataset needs a map-style dataset, got the IterableDataset "
-                f"{type(dataset).__qualname__}: a stream has no index to cache by. Cache the "
-                "map-style dataset the stream reads from, or, for data that only exists as a "
-                "stream, write it once to a map-style form (e.g. LitData's `optimize`, or decoded "
-                "tensors saved to files behind a Dataset) and wrap that."
-            )
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError(
-                "`dataset` must be a map-style dataset with __getitem__ and __len__, "
-                f"got {type(dataset).__qualname__}"
+                "`dataset` must be a map-style dataset with __getitem__ and __len__, or an "
+                f"IterableDataset (a stream), got {type(dataset).__qualname__}"
             )
-        type_errors: list[str] = []
-        value_errors: list[str] = []
-        if transform is not None and not callable(transform):
-            type_errors.append(
-                f"`transform` must be callable or None, got {type(transform).__name__}"
-            )
-        if max_bytes is not None and (
-            isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
-        ):
-            type_errors.append(
-                f"`max_bytes` must be an int or None, got {type(max_bytes).__name__}"
-            )
-        elif max_bytes is not None and max_bytes <= 0:
-            value_errors.append(f"`max_bytes` must be a positive int, got {max_bytes}")
-        if path is not None and not isinstance(path, (str, os.PathLike)):
-            type_errors.append(f"`path` must be a str or os.PathLike, got {type(path).__name__}")
-        if key is not None and (isinstance(key, bool) or not isinstance(key, (str, int))):
-            type_errors.append(f"`key` must be a str, an int or None, got {type(key).__name__}")
-        if storage not in ("shared", "disk"):
-            value_errors.append(f"`storage` must be 'shared' or 'disk', got {storage!r}")
-        if storage == "disk" and path is None:
-            value_errors.append("`storage='disk'` needs `path=` (the cache file), got None")
-        if storage == "shared" and path is not None:
-            value_errors.append(f"`path` is only used with storage='disk', got {str(path)!r}")
-        if type_errors:
-            raise TypeError("; ".join(type_errors + value_errors))
-        if value_errors:
-            raise ValueError("; ".join(value_errors))
-        if storage == "disk" and path is not None and os.path.isdir(path):
-            raise ValueError(f"`path` must be a file, got the directory {path}")
+        check_options(transform, max_bytes, storage, path, key)
         return len(dataset)
 
     def __len__(self) -> int:
         return self._len
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """A stream (``IterableDataset``) gets a :class:`~.stream.CachedStream` instead."""
+        dataset = args[0] if args else kwargs.get("dataset")
+        if cls is CachedDataset and isinstance(dataset, IterableDataset):
+            from lightning_speedpack.data.stream import CachedStream
+
+            return CachedStream(*args, **kwargs)
+        return super().__new__(cls)
+
     def __getitem__(self, index: int) -> Any:
+        sample = self._untransformed(index)
+        if self.transform is not None:
+            with stage(TRANSFORM_STAGE):
+                sample = self.transform(sample)
+        return sample
+
+    def _untransformed(self, index: Any) -> Any:
+        """The sample at ``index``, from the cache or (a miss) the dataset, which fills it."""
         i = operator.index(index)
         if i < 0:
             i += self._len
         if not 0 <= i < self._len:
             raise IndexError(f"index {index} out of range for a dataset of length {self._len}")
         arena = self._arena
-        sample = MISSING if arena is None else arena.get(i)
-        if sample is MISSING:
+        if arena is None:
+            return self.dataset[i]
+        profiling = stages_active()
+        t0 = perf_counter() if profiling else 0.0
+        sample = arena.get(i)
+        if sample is not MISSING:
+            arena.count(hit=True)
+            if profiling:  # a hit is a cache read; a miss's look-up is not counted as one
+                record_stage(CACHE_HIT_STAGE, perf_counter() - t0)
+            return sample
+        with stage(CACHE_MISS_STAGE):
             sample = self.dataset[i]
-            if arena is not None:
-                arena.count(hit=False)
-                if arena.put(i, encode(sample, i)) == "budget_exhausted_now":
-                    warnings.warn(
-                        f"CachedDataset reached its budget of {_fmt(arena.capacity)} at index "
-                        f"{i}; further samples pass through uncached (raise `max_bytes`, or "
-                        f"free /dev/shm)",
-                        CacheBudgetWarning,
-                        stacklevel=2,
-                    )
-        else:
-            arena.count(hit=True)  # type: ignore[union-attr]
-        if self.transform is not None:
-            sample = self.transform(sample)
+        arena.count(hit=False)
+        if arena.put(i, encode(sample, i)) == "budget_exhausted_now":
+            budget_warning(arena.capacity, f"CachedDataset (at index {i})")
         return sample
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        """A batch of samples (the DataLoader's batched fetch: one call, one counter update)."""
+        """A batch of samples: the DataLoader calls this with a whole batch of indices.
+
+        Hits are read in one pass with one counter update (and, while a profiler runs, one
+        ``cache_read`` record for the batch); misses take the one-sample path.
+        """
         arena = self._arena
         if arena is None:
             return [self[i] for i in indices]
-        n, get, transform = self._len, arena.get, self.transform
-        out: list[Any] = []
-        hits = 0
-        for index in indices:
-            i = operator.index(index)
-            sample = get(i) if 0 <= i < n else MISSING
+        profiling = stages_active()
+        t0 = perf_counter() if profiling else 0.0
+        samples = arena.get_many(indices, self._len)
+        hits = len(indices)
+        for k, sample in enumerate(samples):
             if sample is MISSING:
-                out.append(self[i])  # misses, negative or invalid indices: the one-sample path
-                continue
-            hits += 1
-            out.append(sample if transform is None else transform(sample))
+                hits -= 1
+                samples[k] = self._untransformed(indices[k])
         if hits:
             arena.count(hit=True, n=hits)
-        return out
+        transform = self.transform
+        if profiling:
+            record_stage(CACHE_HIT_STAGE, perf_counter() - t0, hits)
+        if transform is None:
+            return samples
+        if profiling:
+            t0 = perf_counter()
+            out = [transform(s) for s in samples]
+            record_stage(TRANSFORM_STAGE, perf_counter() - t0, len(out))
+            return out
+        return [transform(s) for s in samples]
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, items, bytes used, capacity, budget state: summed over the node."""

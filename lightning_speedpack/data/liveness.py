@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 MAGIC = int.from_bytes(b"SPKCACHE", "little")
-VERSION = 2  # 2: liveness by OFD locks, slot writers named by (counter row, generation)
+VERSION = 3  # 2: liveness by OFD locks, writers named by (row, generation); 3: stream fillers
 
 USERS = 0
 OWNERS = 1

@@ -39,6 +39,7 @@ from lightning_speedpack.core.registry import (
     DoctorContext,
     registered_diagnostics,
 )
+from lightning_speedpack.core.tables import log_fit_end, log_summary, merge_findings
 from lightning_speedpack.doctor.report import Finding, Report, RunSummary
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ TOOLS = (
     "lightning_speedpack.batch_size.callback",
     "lightning_speedpack.advisor.callback",
     "lightning_speedpack.timeline.callback",
+    "lightning_speedpack.data.profiler",
 )
 
 
@@ -72,6 +74,12 @@ class RunRecorder(Callback):
 
     Also records ``peak_rss_mb``: the peak resident memory of this (rank 0's main) process so
     far, from ``getrusage``; DataLoader workers are separate processes and not included.
+
+    The doctor appends it after every diagnostic, so it is the last table source on the
+    Trainer: at the end of fit it logs (rank 0, through the script's own loggers) the
+    summary fields ``speedpack/wall_s`` and ``speedpack/peak_rss_mb``, and then, as the last
+    one, ``speedpack/findings`` with every finding the doctor will print, their counts and every
+    diagnostic's figures (see :mod:`lightning_speedpack.core.tables`).
     """
 
     def __init__(self) -> None:
@@ -118,6 +126,19 @@ class RunRecorder(Callback):
                 figures={"peak_rss_mb": round(peak_rss_mb, 1)},
             )
         )
+        log_fit_end(trainer, self)
+
+    def log_tables(self, trainer: pl.Trainer) -> None:
+        """Log the last fit's wall time and peak RSS as summary fields (rank 0)."""
+        if self.runs:
+            run = self.runs[-1]
+            log_summary(
+                trainer,
+                {
+                    "speedpack/wall_s": round(run.wall_s, 3),
+                    "speedpack/peak_rss_mb": run.figures.get("peak_rss_mb"),
+                },
+            )
 
 
 @dataclass
@@ -207,40 +228,11 @@ class DoctorSession:
                 if isinstance(callback, Diagnosable):
                     found.extend(_safe_findings(diagnostic, callback))
                     figures.update(callback.doctor_figures())
-            report.findings.extend(_merge_same_id(found))
+            report.findings.extend(merge_findings(found))
             for run in attached.recorder.runs:
                 run.figures.update(figures)
                 report.runs.append(run)
         return report
-
-
-_SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
-
-
-def _merge_same_id(findings: list[Finding]) -> list[Finding]:
-    """Keep one finding per id across components.
-
-    ``data-wait`` comes from both the throughput logger and the advisor: the one that says
-    where (a ``location``) is kept, else the first registered, at the most severe of their
-    severities, naming the others in ``figures["also_reported_by"]``. One component's findings
-    with a shared id (a sync kind at several call sites) are all kept.
-    """
-    first: dict[str, Finding] = {}
-    merged: list[Finding] = []
-    for finding in findings:
-        kept = first.get(finding.id)
-        if kept is None or kept.component == finding.component:
-            first.setdefault(finding.id, finding)
-            merged.append(finding)
-            continue
-        keep, drop = (finding, kept) if finding.location and not kept.location else (kept, finding)
-        if _SEVERITY_RANK[drop.severity] > _SEVERITY_RANK[keep.severity]:
-            keep.severity = drop.severity
-        also = keep.figures.setdefault("also_reported_by", [])
-        also.extend([*drop.figures.pop("also_reported_by", []), drop.component])
-        if keep is finding:
-            merged[merged.index(kept)] = first[finding.id] = finding
-    return merged
 
 
 def _safe_findings(diagnostic: Diagnostic, callback: Diagnosable) -> list[Finding]:

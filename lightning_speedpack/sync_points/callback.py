@@ -13,6 +13,7 @@ from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.tables import TABLES, Cell, log_fit_end, log_summary, log_table
 from lightning_speedpack.sync_points.detect import (
     FIXES,
     SyncDebugApi,
@@ -106,7 +107,22 @@ class SyncPointWarnings(Callback):
     sync on a GPU (the doctor uses it). ``.to("cpu")`` of a CPU tensor then counts, but
     ``.to(self.device)`` does not (a ``torch.device`` may be the module's own device).
 
-    Rank policy: every rank records its own :attr:`report`; only rank 0 warns and prints.
+    At the end of fit (once, rank 0, through the Trainer's loggers; see
+    :mod:`lightning_speedpack.core.tables` for what W&B, CSV and TensorBoard get):
+
+    ===========================  ==========================================================
+    key                          what
+    ===========================  ==========================================================
+    ``speedpack/sync_points``    table, one row per call site: ``origin``, ``kind``,
+                                 ``location`` (file:line), ``code``, ``function``,
+                                 ``per_step``, ``steps_seen``, ``first_step``
+    ``speedpack/syncs_per_step`` summary: your syncs per watched training batch
+    ===========================  ==========================================================
+
+    When it is the last of the pack's callbacks on the Trainer it also logs
+    ``speedpack/findings`` (every pack callback's findings) and their counts.
+
+    Rank policy: every rank records its own :attr:`report`; only rank 0 warns, prints and logs.
     The CUDA paths (``set_sync_debug_mode``, ``torch.cuda.synchronize``, ``Event``/``Stream``
     ``.synchronize``, real device tensors) were exercised on a CPU-only machine through
     injection only (fake debug-mode API and warnings, fake CUDA functions, ``meta`` tensors).
@@ -266,6 +282,10 @@ class SyncPointWarnings(Callback):
             self.print_summary()
 
     @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log_fit_end(trainer, self)
+
+    @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
@@ -328,6 +348,24 @@ class SyncPointWarnings(Callback):
                 str(f.first_step),
             )
         console.print(table)
+
+    def log_tables(self, trainer: pl.Trainer) -> None:
+        """Log ``speedpack/sync_points`` and ``speedpack/syncs_per_step`` (rank 0; no sync)."""
+        rows: list[list[Cell]] = [
+            [
+                f.origin,
+                f.kind,
+                f.location,
+                f.code,
+                f.function,
+                f.per_step,
+                f.steps_seen,
+                f.first_step,
+            ]
+            for f in self.report
+        ]
+        log_table(trainer, "speedpack/sync_points", TABLES["speedpack/sync_points"], rows)
+        log_summary(trainer, {"speedpack/syncs_per_step": round(self.syncs_per_step, 4)})
 
     def doctor_findings(self) -> list[Finding]:
         """One finding per call site: warnings for yours, info for Lightning's."""

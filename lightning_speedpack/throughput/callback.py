@@ -1,43 +1,55 @@
-"""ThroughputLogger: sync-free samples/s, data-wait fraction and MFU, logged to every logger."""
+"""ThroughputLogger: the Lightning hooks that time each training step and log the rates.
+
+The hot path is what Lightning calls on every training batch: ``on_train_batch_start`` (one
+clock read) and ``on_train_batch_end`` (one clock read, the batch size, one
+:meth:`StepClock.tick <lightning_speedpack.throughput.rates.StepClock.tick>` into preallocated
+buffers, a countdown). Everything the hooks need is resolved once per fit (the batch-size,
+items and FLOPs functions, the logging cadence, the rank); ``trainer.global_step`` (a chain of
+properties) is read only on the batches where it can have reached a logging step. Logging
+steps do the rest: rates over the window, one small all-reduce under DDP, system statistics.
+The maths lives in :mod:`~lightning_speedpack.throughput.rates`, the W&B and system glue in
+:mod:`~lightning_speedpack.throughput.system`, the doctor's finding in
+:mod:`~lightning_speedpack.throughput.diagnosis`.
+"""
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from typing_extensions import override
 
 from lightning_speedpack.core.batch import infer_batch_size
-from lightning_speedpack.core.collectives import (
-    bounded_all_reduce,
-    collective_timeout,
-    validate_timeout,
-)
+from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
-from lightning_speedpack.core.lightning import Callback, classes, rank_zero_info
+from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.throughput import nvml as _nvml
-from lightning_speedpack.throughput.peak_flops import peak_flops
-from lightning_speedpack.throughput.rates import (
-    RATE_FIELDS,
-    StepClock,
-    WindowRates,
-    combine_ranks,
-    mfu,
-    rates,
-    window_rates,
+from lightning_speedpack.throughput.diagnosis import data_wait_findings, getitem_location
+from lightning_speedpack.throughput.metrics import metric_keys, run_figures, throughput_metrics
+from lightning_speedpack.throughput.options import check_args, describe
+from lightning_speedpack.throughput.rates import StepClock, WindowRates
+
+# `_device_peak_flops` and `_local_cuda_indices` are looked up here at call time: tests (and
+# users without a GPU) replace them on this module to inject devices.
+from lightning_speedpack.throughput.system import (
+    cpu_stats,
+    prime_cpu_stats,
+    start_nvml_sampler,
+    wandb_setup,
+    wandb_summary,
 )
+from lightning_speedpack.throughput.system import device_peak_flops as _device_peak_flops
+from lightning_speedpack.throughput.system import local_cuda_indices as _local_cuda_indices
+from lightning_speedpack.throughput.world import combine_over_ranks
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
 __all__ = ["ThroughputLogger"]
 
-DATA_WAIT_THRESHOLD = 0.2
 _TOTALS = ("samples", "batches", "items", "train_seconds", "wait_seconds", "flops")
 
 
@@ -127,7 +139,7 @@ class ThroughputLogger(Callback):
         *,
         collective_timeout: float | None = None,
     ) -> None:
-        _check_args(
+        check_args(
             batch_size_fn, items_fn, window, log_every_n_steps, flops_per_batch, gpu_stats, prefix
         )
         if collective_timeout is not None:
@@ -142,22 +154,33 @@ class ThroughputLogger(Callback):
         self.prefix = prefix
 
         self._state_key = self._generate_state_key(prefix=prefix, window=window)
-        self._clock = StepClock(window)
-        self._totals: dict[str, float] = dict.fromkeys(_TOTALS, 0.0)
+        self._clock = StepClock(window)  # the window and the run's totals
         self._measured_flops: float | None = None
         self._over_steps: list[list[float]] = []
         self._last_logged_step = -1
-        self._pending = 0  # batches since the last log
+        self._logged_batches = 0.0  # clock.batches at the last log: more means a tail to log
         self.last_metrics: dict[str, float] = {}
         self.last_local: WindowRates | None = None
         self._run_figures: dict[str, Any] = {}
         self._peak: float | None = None
         self._world_size = 1
+        self._global_zero = True
         self._num_workers: int | None = None
         self._dataset_location: str | None = None
+        # Resolved once per fit (setup, on_train_start): the hot path reads only these.
+        self._size_fn: Callable[[Any], int] = _batch_size
+        self._items_fn: Callable[[Any], int] | None = None
+        self._flops_fn: Callable[[Any], float] | None = None
+        self._flops = 0.0  # FLOPs of every batch, when they do not depend on the batch
+        self._count_flops = False  # the next batch runs under the FLOP counter
+        self._every = 50
+        self._every_batch = False  # read the global step on every batch (manual optimization)
+        self._countdown = 0  # batches before the global step can reach a logging step
+        self._keys = metric_keys(prefix)
         # runtime-only: never pickled
         self._sampler: _nvml.NvmlSampler | None = None
         self._flop_mode: Any = None
+        self._getitem: Any = None  # the dataset's __getitem__, located only for a finding
 
     # ---- Lightning plumbing --------------------------------------------------------------
 
@@ -168,15 +191,17 @@ class ThroughputLogger(Callback):
         return self._state_key
 
     def __getstate__(self) -> dict[str, Any]:
+        self._locate_dataset()
         state = self.__dict__.copy()
         state["_sampler"] = None
         state["_flop_mode"] = None
+        state["_getitem"] = None
         return state
 
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "totals": dict(self._totals),
+            "totals": dict(zip(_TOTALS, self._clock.totals(), strict=True)),
             "measured_flops": self._measured_flops,
         }
 
@@ -184,40 +209,61 @@ class ThroughputLogger(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Totals continue; the window restarts, so the first rates after resume do not spike.
         totals = state_dict.get("totals", {})
-        self._totals = {k: float(totals.get(k, 0.0)) for k in _TOTALS}
+        self._clock.set_totals(**{k: float(totals.get(k, 0.0)) for k in _TOTALS})
         self._measured_flops = state_dict.get("measured_flops")
         self._clock.reset()
-        self._pending = 0
+        self._logged_batches = self._clock.batches
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self._clock.reset()
-        self._totals = dict.fromkeys(_TOTALS, 0.0)  # a checkpoint restores them after setup
+        self._clock.set_totals()  # a checkpoint restores them after setup
+        self._logged_batches = 0.0
         self._over_steps = []
         self._run_figures = {}
         self._last_logged_step = -1
-        self._pending = 0
         self._world_size = trainer.world_size
+        self._global_zero = trainer.is_global_zero
         self._peak = _device_peak_flops(trainer)
+        self._keys = metric_keys(self.prefix)
+        self._size_fn = self.batch_size_fn or _batch_size
+        self._items_fn = self.items_fn
+        spec = self.flops_per_batch
+        self._flops_fn = spec if callable(spec) else None
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.gpu_stats and trainer.is_global_zero:
-            self._start_sampler(trainer)
-            _cpu_stats()  # primes psutil's cpu_percent interval
-        if trainer.is_global_zero:
-            self._setup_wandb(trainer)
+        if not trainer.is_global_zero:
+            return
+        if self.gpu_stats:
+            self._sampler = start_nvml_sampler(_local_cuda_indices(trainer))
+            if trainer.loggers:
+                prime_cpu_stats()
+        wandb_setup(trainer, self.prefix, self._settings())
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._clock.reset()
-        self._pending = 0
+        self._logged_batches = self._clock.batches
+        # After a checkpoint's restore: FLOPs measured before are not measured again.
+        spec = self.flops_per_batch
+        self._count_flops = spec == "auto" and self._measured_flops is None
+        if spec == "auto":
+            self._flops = self._measured_flops or 0.0
+        else:
+            self._flops = float(spec) if isinstance(spec, (int, float)) else 0.0
+        self._every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        # Under automatic optimization the global step grows by at most one per batch, which
+        # lets the end hook skip reading it until it can reach the next logging step.
+        self._every_batch = not getattr(pl_module, "automatic_optimization", False)
+        self._countdown = 0
         loader = trainer.train_dataloader
         if isinstance(loader, torch.utils.data.DataLoader):
             self._num_workers = loader.num_workers
-            self._dataset_location = _getitem_location(loader.dataset)
+            self._getitem = getattr(type(loader.dataset), "__getitem__", None)
+            self._dataset_location = None
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -228,11 +274,8 @@ class ThroughputLogger(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._clock.batch_start(time.perf_counter())
-        if self.flops_per_batch == "auto" and self._measured_flops is None:
-            from torch.utils.flop_counter import FlopCounterMode
-
-            self._flop_mode = FlopCounterMode(display=False)
-            self._flop_mode.__enter__()
+        if self._count_flops:
+            self._open_flop_mode()
 
     @override
     def on_train_batch_end(
@@ -243,30 +286,22 @@ class ThroughputLogger(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        # The per-step hot path: one clock read, the batch's counts, no allocation, no
+        # property chains; the global step is read only when it can be a logging step.
         now = time.perf_counter()
-        measuring = self._flop_mode is not None
-        if measuring:
-            self._measured_flops = float(self._flop_mode.get_total_flops())
-            self._close_flop_mode()
-        samples = self.batch_size_fn(batch) if self.batch_size_fn else _batch_size(batch)
-        items = self.items_fn(batch) if self.items_fn else 0
-        record = self._clock.batch_end(now, samples, items, self._batch_flops(batch))
-        if record is None:
+        self._countdown -= 1
+        if self._flop_mode is not None:
+            if not self._end_counted_batch(now, batch):
+                return
+        elif not self._clock.tick(
+            now,
+            self._size_fn(batch),
+            0 if self._items_fn is None else self._items_fn(batch),
+            self._flops if self._flops_fn is None else float(self._flops_fn(batch)),
+        ):
             return
-        if measuring:  # the counted step ran slowly under the counter: keep it out of rates
-            self._clock.window.pop()
-        totals = self._totals
-        totals["samples"] += record.samples
-        totals["batches"] += 1
-        totals["items"] += record.items
-        totals["train_seconds"] += record.seconds
-        totals["wait_seconds"] += record.data_wait
-        totals["flops"] += record.flops
-        self._pending += 1
-        step = trainer.global_step
-        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        if step % every == 0 and step != self._last_logged_step:
-            self._log(trainer, pl_module)
+        if self._countdown <= 0:
+            self._log_if_due(trainer, pl_module)
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -279,20 +314,22 @@ class ThroughputLogger(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Log the unlogged tail once, so short runs still get a point (same on every rank).
-        if self._pending and trainer.global_step != self._last_logged_step:
-            self._log(trainer, pl_module)
+        if self._clock.batches > self._logged_batches:
+            step = trainer.global_step
+            if step != self._last_logged_step:
+                self._log(trainer, pl_module, step)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        world = self._combine(trainer, pl_module, self._totals_rates(), [])[0]
+        world = self._combine(trainer, pl_module, self._clock.total_rates(), [])[0]
         if world is not None:
-            self._run_figures = self._figures_from(world)
+            self._run_figures = run_figures(world, self._peak, self._world_size)
         peak_mem = self._sampler.peak_mem_used_gb if self._sampler is not None else None
         if peak_mem is not None:
             self._run_figures["peak_gpu_mem_used_gb"] = peak_mem
         self._stop_sampler()
         if trainer.is_global_zero and self._run_figures:
-            self._write_wandb_summary(trainer)
+            wandb_summary(trainer, self.prefix, self._run_figures)
 
     @override
     def on_exception(
@@ -306,67 +343,49 @@ class ThroughputLogger(Callback):
         self._close_flop_mode()
         self._stop_sampler()
 
-    def _totals_rates(self) -> WindowRates | None:
-        """This rank's rates over the whole run so far (None before the first timed step)."""
-        t = self._totals
-        return rates(
-            int(t["batches"]),
-            t["train_seconds"],
-            int(t["samples"]),
-            int(t["items"]),
-            t["wait_seconds"],
-            t["flops"],
-        )
-
     # ---- doctor ----------------------------------------------------------------------------
 
     def doctor_figures(self) -> dict[str, Any]:
         """Whole-run figures: samples/s, data-wait fraction, step time, samples/s over steps."""
         figures = dict(self._run_figures)
         if not figures:  # the fit did not end normally: use this rank's totals
-            local = self._totals_rates()
+            local = self._clock.total_rates()
             if local is not None:
-                figures = self._figures_from(local)
+                figures = run_figures(local, self._peak, self._world_size)
         figures["samples_per_sec_over_steps"] = [list(p) for p in self._over_steps]
         return figures
 
     def doctor_findings(self) -> list[Finding]:
         """A ``data-wait`` warning when more than 20% of the step time waits for data."""
-        figures = self.doctor_figures()
-        fraction = figures.get("data_wait_fraction")
-        if fraction is None or fraction <= DATA_WAIT_THRESHOLD:
-            return []
-        workers = self._num_workers
-        return [
-            Finding(
-                component="throughput",
-                id="data-wait",
-                message=(
-                    f"{fraction:.0%} of each training step waits for the DataLoader's next batch "
-                    f"(step {figures.get('step_time_ms', 0.0):.1f} ms)"
-                ),
-                location=self._dataset_location,
-                figures={"data_wait_fraction": fraction, "num_workers": workers},
-                severity="warning",
-                fix=(
-                    "cache the deterministic preprocessing with lightning_speedpack.CachedDataset "
-                    f"and/or raise DataLoader(num_workers=...) (now {workers}) with "
-                    "persistent_workers=True (and pin_memory=True on GPU)"
-                ),
-            )
-        ]
+        return data_wait_findings(self.doctor_figures(), self._num_workers, self._locate_dataset)
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _batch_flops(self, batch: Any) -> float:
-        spec = self.flops_per_batch
-        if spec is None:
-            return 0.0
-        if spec == "auto":
-            return self._measured_flops or 0.0
-        if callable(spec):
-            return float(spec(batch))
-        return float(spec)  # type: ignore[arg-type]
+    def _open_flop_mode(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self._count_flops = False
+        self._flop_mode = FlopCounterMode(display=False)
+        self._flop_mode.__enter__()
+
+    def _end_counted_batch(self, now: float, batch: Any) -> bool:
+        """End the batch that ran under the FLOP counter; it stays out of the window."""
+        self._measured_flops = float(self._flop_mode.get_total_flops())
+        self._flops = self._measured_flops
+        self._close_flop_mode()
+        items = 0 if self._items_fn is None else self._items_fn(batch)
+        if not self._clock.tick(now, self._size_fn(batch), items, self._flops):
+            return False
+        self._clock.drop_last()  # the counted step ran slowly under the counter
+        return True
+
+    def _log_if_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        step = trainer.global_step
+        every = self._every
+        if step % every == 0 and step != self._last_logged_step:
+            self._log(trainer, pl_module, step)
+        # The next multiple of `every` is at least this many batches away.
+        self._countdown = 0 if self._every_batch else every - step % every
 
     def _combine(
         self,
@@ -375,93 +394,46 @@ class ThroughputLogger(Callback):
         local: WindowRates | None,
         extra: list[float],
     ) -> tuple[WindowRates | None, list[float]]:
-        """Sum ``local`` rates (and ``extra`` values) over ranks with one small all-reduce."""
-        vector = [
-            *(local.vector() if local else [0.0] * len(RATE_FIELDS)),
-            float(local is not None),
-            *extra,
-        ]
-        if trainer.world_size > 1:
-            local_sums = torch.tensor(vector, dtype=torch.float64, device=pl_module.device)
-            if torch.distributed.is_initialized():
-                # bounded: a rank that died or is stuck fails this one with a clear message
-                summed = bounded_all_reduce(
-                    local_sums,
-                    timeout_s=collective_timeout(self.collective_timeout),
-                    what=f"ThroughputLogger: world samples/s combine at step {trainer.global_step}",
-                )
-            else:  # a strategy without torch.distributed: its own reduce
-                summed = trainer.strategy.reduce(local_sums, reduce_op="sum")
-            vector = summed.tolist()
-        n = len(RATE_FIELDS)
-        ranks = round(vector[n])
-        world = combine_ranks(vector[:n], ranks) if ranks > 0 else None
-        return world, vector[n + 1 :]
+        """Sum ``local`` rates (and ``extra`` values) over ranks with one bounded all-reduce."""
+        return combine_over_ranks(trainer, pl_module.device, local, extra, self.collective_timeout)
 
-    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        step = trainer.global_step
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
+        clock = self._clock
         self._last_logged_step = step
-        self._pending = 0
-        local = window_rates(self._clock.window)
+        self._logged_batches = clock.batches
+        local = clock.window_rates()
         self.last_local = local
-        totals = [self._totals["samples"], self._totals["batches"]]
-        world, (samples, batches) = self._combine(trainer, pl_module, local, totals)
+        world, (samples, batches) = self._combine(trainer, pl_module, local, clock.totals()[:2])
         if world is None:
             return
-        p = self.prefix
-        metrics: dict[str, float] = {
-            f"{p}samples_per_sec": world.samples_per_sec,
-            f"{p}batches_per_sec": world.batches_per_sec,
-            f"{p}device/samples_per_sec": world.samples_per_sec / trainer.world_size,
-            f"{p}step_time_ms": world.step_time_ms,
-            f"{p}data_wait_ms": world.data_wait_ms,
-            f"{p}data_wait_fraction": world.data_wait_fraction,
-            f"{p}samples": samples,
-            f"{p}batches": batches,
-        }
-        if self.items_fn is not None:
-            metrics[f"{p}items_per_sec"] = world.items_per_sec
-        if self.flops_per_batch is not None and world.flops_per_sec > 0:
-            metrics[f"{p}flops_per_sec"] = world.flops_per_sec
-            utilisation = mfu(world.flops_per_sec, self._peak, trainer.world_size)
-            if utilisation is not None:
-                metrics[f"{p}mfu"] = utilisation
+        metrics = throughput_metrics(
+            self._keys,
+            world,
+            samples,
+            batches,
+            self._world_size,
+            items=self.items_fn is not None,
+            flops=self.flops_per_batch is not None,
+            peak_flops_per_device=self._peak,
+        )
         self._over_steps.append([step, world.samples_per_sec])
-        if not trainer.is_global_zero:
+        if not self._global_zero:
             return
         if self._sampler is not None:
             metrics.update(_nvml.summarize(self._sampler.read()))
-        if self.gpu_stats:
-            metrics.update(_cpu_stats())
+        loggers = trainer.loggers
+        if self.gpu_stats and loggers:  # psutil costs ~50 us: read only what a logger gets
+            metrics.update(cpu_stats())
         self.last_metrics = metrics
-        for logger in trainer.loggers:
+        for logger in loggers:
             logger.log_metrics(metrics, step=step)
 
-    def _figures_from(self, world: WindowRates) -> dict[str, Any]:
-        figures: dict[str, Any] = {
-            "samples_per_sec": world.samples_per_sec,
-            "data_wait_fraction": world.data_wait_fraction,
-            "step_time_ms": world.step_time_ms,
-        }
-        if world.flops_per_sec > 0:
-            figures["flops_per_sec"] = world.flops_per_sec
-            utilisation = mfu(world.flops_per_sec, self._peak, self._world_size)
-            if utilisation is not None:
-                figures["mfu"] = utilisation
-        return figures
-
-    def _start_sampler(self, trainer: pl.Trainer) -> None:
-        indices = _local_cuda_indices(trainer)
-        if isinstance(indices, str):
-            rank_zero_info(f"ThroughputLogger: system/gpu/* not logged: {indices}")
-            return
-        functions = _nvml.load_functions()
-        if isinstance(functions, str):
-            rank_zero_info(f"ThroughputLogger: system/gpu/* not logged: {functions}")
-            return
-        sampler = _nvml.NvmlSampler(functions, _nvml.nvml_indices(indices))
-        sampler.start()
-        self._sampler = sampler
+    def _locate_dataset(self) -> str | None:
+        """``file.py:LINE`` of the training dataset's ``__getitem__`` (looked up once)."""
+        getitem, self._getitem = self._getitem, None
+        if getitem is not None:
+            self._dataset_location = getitem_location(getitem)
+        return self._dataset_location
 
     def _stop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None
@@ -474,81 +446,15 @@ class ThroughputLogger(Callback):
             mode.__exit__(None, None, None)
 
     def _settings(self) -> dict[str, Any]:
-        flops = self.flops_per_batch
-        return {
-            "window": self.window,
-            "log_every_n_steps": self.log_every_n_steps,
-            "flops_per_batch": flops
-            if isinstance(flops, (int, float, str)) or flops is None
-            else getattr(flops, "__name__", "callable"),
-            "batch_size_fn": getattr(self.batch_size_fn, "__name__", None),
-            "items_fn": getattr(self.items_fn, "__name__", None),
-            "gpu_stats": self.gpu_stats,
-            "peak_flops_per_device": self._peak,
-        }
-
-    def _setup_wandb(self, trainer: pl.Trainer) -> None:
-        for run in _wandb_runs(trainer):
-            run.define_metric("trainer/global_step")
-            for pattern in (f"{self.prefix}*", "system/*"):
-                run.define_metric(pattern, step_metric="trainer/global_step")
-            run.config.update({"throughput_logger": self._settings()}, allow_val_change=True)
-
-    def _write_wandb_summary(self, trainer: pl.Trainer) -> None:
-        f = self._run_figures
-        names = {
-            "samples_per_sec": f"{self.prefix}mean_samples_per_sec",
-            "data_wait_fraction": f"{self.prefix}mean_data_wait_fraction",
-            "mfu": f"{self.prefix}mean_mfu",
-            "peak_gpu_mem_used_gb": "system/gpu/peak_mem_used_gb",
-        }
-        summary = {key: f[name] for name, key in names.items() if name in f}
-        for run in _wandb_runs(trainer):
-            run.summary.update(summary)
-
-
-def _check_args(
-    batch_size_fn: Any,
-    items_fn: Any,
-    window: Any,
-    log_every_n_steps: Any,
-    flops_per_batch: Any,
-    gpu_stats: Any,
-    prefix: Any,
-) -> None:
-    for name, fn in (("batch_size_fn", batch_size_fn), ("items_fn", items_fn)):
-        if fn is not None and not callable(fn):
-            raise TypeError(f"`{name}` must be a callable(batch) -> int or None, got {fn!r}")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"`window` must be a positive int, got {window!r}")
-    if log_every_n_steps is not None and (
-        isinstance(log_every_n_steps, bool)
-        or not isinstance(log_every_n_steps, int)
-        or log_every_n_steps < 1
-    ):
-        raise ValueError(
-            f"`log_every_n_steps` must be a positive int or None, got {log_every_n_steps!r}"
+        return describe(
+            self.window,
+            self.log_every_n_steps,
+            self.flops_per_batch,
+            self.batch_size_fn,
+            self.items_fn,
+            self.gpu_stats,
+            self._peak,
         )
-    if isinstance(flops_per_batch, str):
-        if flops_per_batch != "auto":
-            raise ValueError(
-                f"`flops_per_batch` as a string must be 'auto', got {flops_per_batch!r}"
-            )
-    elif isinstance(flops_per_batch, bool) or not (
-        flops_per_batch is None
-        or callable(flops_per_batch)
-        or isinstance(flops_per_batch, (int, float))
-    ):
-        raise TypeError(
-            "`flops_per_batch` must be an int, a callable(batch), 'auto' or None, "
-            f"got {flops_per_batch!r}"
-        )
-    elif isinstance(flops_per_batch, (int, float)) and flops_per_batch <= 0:
-        raise ValueError(f"`flops_per_batch` must be positive, got {flops_per_batch!r}")
-    if not isinstance(gpu_stats, bool):
-        raise TypeError(f"`gpu_stats` must be a bool, got {gpu_stats!r}")
-    if not isinstance(prefix, str):
-        raise TypeError(f"`prefix` must be a str, got {prefix!r}")
 
 
 def _batch_size(batch: Any) -> int:
@@ -557,57 +463,6 @@ def _batch_size(batch: Any) -> int:
     if type(first) is torch.Tensor and first.ndim:
         return int(first.shape[0])
     return infer_batch_size(batch)
-
-
-def _device_peak_flops(trainer: pl.Trainer) -> float | None:
-    """Dense peak FLOP/s of the trainer's device at its precision (None off CUDA or unknown)."""
-    device = trainer.strategy.root_device
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    peak = peak_flops(name, str(trainer.precision), torch.get_float32_matmul_precision())
-    if peak is None:
-        rank_zero_info(f"ThroughputLogger: no peak FLOPs known for {name!r}; MFU not logged")
-    return peak
-
-
-def _local_cuda_indices(trainer: pl.Trainer) -> list[int] | str:
-    """The CUDA indices of this node's training devices, or why there are none."""
-    if trainer.strategy.root_device.type != "cuda":
-        return "training does not run on a CUDA GPU"
-    return list(trainer.device_ids)
-
-
-def _cpu_stats() -> dict[str, float]:
-    import psutil
-
-    return {
-        "system/cpu_util": float(psutil.cpu_percent(interval=None)),
-        "system/ram_used_gb": psutil.virtual_memory().used / 1e9,
-    }
-
-
-def _wandb_runs(trainer: pl.Trainer) -> list[Any]:
-    wandb_loggers = classes("loggers.WandbLogger")  # either namespace's
-    return [lg.experiment for lg in trainer.loggers if isinstance(lg, wandb_loggers)]
-
-
-def _getitem_location(dataset: Any) -> str | None:
-    """``file.py:LINE`` of the dataset's ``__getitem__`` when it is the user's own code."""
-    getitem = getattr(type(dataset), "__getitem__", None)
-    if not inspect.isfunction(getitem):
-        return None
-    try:
-        source = inspect.getsourcefile(getitem)
-        line = inspect.getsourcelines(getitem)[1] if source else None
-    except (OSError, TypeError):
-        return None
-    if source is None or line is None:
-        return None
-    parts = Path(source).parts
-    if "site-packages" in parts or "torch" in parts:
-        return None
-    return f"{Path(source).name}:{line}"
 
 
 register_diagnostic(

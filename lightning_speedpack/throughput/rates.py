@@ -8,10 +8,10 @@ single step interval is noisy but the sum over a window is exact in steady state
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
     "RATE_FIELDS",
@@ -158,11 +158,20 @@ def mfu(flops_per_sec: float, peak_flops_per_device: float | None, devices: int)
 
 
 class StepClock:
-    """Turns hook times into :class:`StepRecord` intervals, excluding paused (validation) time.
+    """Turns hook times into step intervals, excluding paused (validation) time.
 
     A step's interval runs from the previous batch's end (or the epoch's start) to this
     batch's end; its data wait is the part before ``batch_start``. Time between ``pause`` and
     ``resume`` is removed from the clock, so validation never counts as training time.
+
+    Built for a per-step cost of a few stores: the last ``window`` steps live in preallocated
+    ring buffers, and the run's totals (``samples``, ``batches``, ``items``, ``train_seconds``,
+    ``wait_seconds``, ``flops``) take in the ring's steps once per lap of it; a read adds the
+    lap so far. Both add in step order, so they equal a running sum (to the bit before
+    Python 3.12, whose ``sum`` of floats rounds better).
+    :meth:`tick` allocates nothing but the floats it computes; :meth:`batch_end` is
+    :meth:`tick` returning the step as a :class:`StepRecord`; :attr:`window` builds the
+    records on demand.
 
     Example:
         >>> clock = StepClock(window=2)
@@ -174,48 +183,90 @@ class StepClock:
         >>> clock.batch_start(5.0)
         >>> clock.batch_end(6.0, samples=8).seconds
         1.0
-        >>> window_rates(clock.window).samples_per_sec
-        8.0
+        >>> clock.window_rates().samples_per_sec, clock.samples
+        (8.0, 16.0)
     """
 
+    __slots__ = (
+        "_done",
+        "_flops",
+        "_items",
+        "_last_end",
+        "_next",
+        "_offset",
+        "_paused_at",
+        "_pending",
+        "_samples",
+        "_seconds",
+        "_size",
+        "_start",
+        "_stored",
+        "_waits",
+    )
+
     def __init__(self, window: int) -> None:
-        self.window: deque[StepRecord] = deque(maxlen=window)
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"`window` must be a positive int, got {window!r}")
+        self._size = window
+        self._seconds = [0.0] * window
+        self._waits = [0.0] * window
+        self._samples = [0] * window
+        self._items = [0] * window
+        self._flops = [0.0] * window
+        self._next = 0  # the ring slot the next step goes to
+        self._stored = 0  # steps put in the ring since the reset (the window: the last ones)
+        self._pending = 0  # ring slots [_pending, _next) are not in the totals yet
+        self._done = [0.0] * len(_TOTAL_NAMES)  # totals of the steps taken in
         self._offset = 0.0  # paused seconds so far
         self._paused_at: float | None = None
         self._last_end: float | None = None
         self._start: float | None = None
 
-    def _train_time(self, now: float) -> float:
-        return now - self._offset
+    # ---- per step ----------------------------------------------------------------------------
 
     def epoch_start(self, now: float) -> None:
         """Mark the start of an epoch: the first batch's data wait is measured from here."""
-        self._last_end = self._train_time(now)
+        self._last_end = now - self._offset
         self._start = None
 
     def batch_start(self, now: float) -> None:
         """Mark that the DataLoader delivered the next batch."""
-        self._start = self._train_time(now)
+        self._start = now - self._offset
+
+    def tick(self, now: float, samples: int, items: int = 0, flops: float = 0.0) -> bool:
+        """Close the step and put it in the window; False if it never started."""
+        end = now - self._offset
+        previous = self._last_end
+        start = self._start
+        self._last_end = end
+        self._start = None
+        if previous is None or start is None:
+            return False
+        seconds = end - previous
+        wait = start - previous
+        i = self._next
+        self._seconds[i] = seconds if seconds > 0.0 else 0.0
+        self._waits[i] = wait if wait > 0.0 else 0.0
+        self._samples[i] = samples
+        self._items[i] = items
+        self._flops[i] = flops
+        self._stored += 1
+        self._next = i = i + 1
+        if i == self._size:  # a lap is done: its steps go into the totals
+            self._take_in()
+            self._next = self._pending = 0
+        return True
 
     def batch_end(
         self, now: float, samples: int, items: int = 0, flops: float = 0.0
     ) -> StepRecord | None:
-        """Close the step, append it to the window and return it (None if it never started)."""
-        end = self._train_time(now)
-        previous = self._last_end
-        start = self._start
-        self._last_end, self._start = end, None
-        if previous is None or start is None:
+        """:meth:`tick`, returning the step as a record (None if it never started)."""
+        if not self.tick(now, samples, items, flops):
             return None
-        record = StepRecord(
-            seconds=max(0.0, end - previous),
-            samples=samples,
-            items=items,
-            data_wait=max(0.0, start - previous),
-            flops=flops,
-        )
-        self.window.append(record)
-        return record
+        i = (self._next - 1) % self._size
+        return StepRecord(self._seconds[i], samples, items, self._waits[i], flops)
+
+    # ---- around steps ------------------------------------------------------------------------
 
     def pause(self, now: float) -> None:
         """Stop the clock (validation starts); idempotent."""
@@ -228,8 +279,121 @@ class StepClock:
             self._offset += max(0.0, now - self._paused_at)
             self._paused_at = None
 
+    def drop_last(self) -> None:
+        """Take the newest step out of the window (it stays in the totals)."""
+        if self._stored:
+            self._take_in()
+            self._stored = min(self._stored, self._size) - 1
+            self._next = self._pending = (self._next - 1) % self._size
+
     def reset(self) -> None:
         """Forget the window and the open step (new fit, or a resume from a checkpoint)."""
-        self.window.clear()
+        self._take_in()
+        self._next = self._pending = self._stored = 0
         self._offset = 0.0
         self._paused_at = self._last_end = self._start = None
+
+    def set_totals(
+        self,
+        samples: float = 0.0,
+        batches: float = 0.0,
+        items: float = 0.0,
+        train_seconds: float = 0.0,
+        wait_seconds: float = 0.0,
+        flops: float = 0.0,
+    ) -> None:
+        """Set the run's totals (zero: a new fit; a checkpoint's: a resume)."""
+        values = (samples, batches, items, train_seconds, wait_seconds, flops)
+        self._done = [float(v) for v in values]
+        self._pending = self._next  # the window's steps are not part of these totals
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    def _take_in(self) -> None:
+        """Add the ring's pending steps to the totals, one at a time, in step order."""
+        self._done = self.totals()
+        self._pending = self._next
+
+    def totals(self) -> list[float]:
+        """The run's totals, in :data:`_TOTAL_NAMES` order (``samples``, ``batches``, ...)."""
+        a, b = self._pending, self._next
+        done = self._done
+        return [
+            sum(self._samples[a:b], done[0]),
+            done[1] + (b - a),
+            sum(self._items[a:b], done[2]),
+            sum(self._seconds[a:b], done[3]),
+            sum(self._waits[a:b], done[4]),
+            sum(self._flops[a:b], done[5]),
+        ]
+
+    @property
+    def samples(self) -> float:
+        """Samples of every step since the totals were set."""
+        return self.totals()[0]
+
+    @property
+    def batches(self) -> float:
+        """Steps since the totals were set."""
+        return self._done[1] + (self._next - self._pending)
+
+    @property
+    def items(self) -> float:
+        """Items of every step since the totals were set."""
+        return self.totals()[2]
+
+    @property
+    def train_seconds(self) -> float:
+        """Training seconds (data wait included, pauses excluded) since the totals were set."""
+        return self.totals()[3]
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds spent waiting for data since the totals were set."""
+        return self.totals()[4]
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of every step since the totals were set."""
+        return self.totals()[5]
+
+    def _window_sum(self, values: list[Any]) -> Any:
+        # Oldest first, in one pass: the same figure as summing the window's records.
+        n = min(self._stored, self._size)
+        first = (self._next - n) % self._size
+        end = first + n
+        if end <= self._size:
+            return sum(values[first:end])
+        return sum(itertools.chain(values[first:], values[: end - self._size]))
+
+    @property
+    def window(self) -> list[StepRecord]:
+        """The window's steps as records, oldest first (built on each read)."""
+        n = min(self._stored, self._size)
+        first = self._next - n
+        return [
+            StepRecord(
+                self._seconds[i], self._samples[i], self._items[i], self._waits[i], self._flops[i]
+            )
+            for i in ((first + k) % self._size for k in range(n))
+        ]
+
+    def window_rates(self) -> WindowRates | None:
+        """The rates over the window: :func:`window_rates` of :attr:`window`, without records."""
+        return rates(
+            min(self._stored, self._size),
+            self._window_sum(self._seconds),
+            self._window_sum(self._samples),
+            self._window_sum(self._items),
+            self._window_sum(self._waits),
+            self._window_sum(self._flops),
+        )
+
+    def total_rates(self) -> WindowRates | None:
+        """The rates over every step since the totals were set (None before the first)."""
+        samples, batches, items, seconds, wait, flops = self.totals()
+        return rates(int(batches), seconds, int(samples), int(items), wait, flops)
+
+
+#: Names of :meth:`StepClock.totals`, in order.
+_TOTAL_NAMES = ("samples", "batches", "items", "train_seconds", "wait_seconds", "flops")

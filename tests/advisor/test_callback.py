@@ -20,6 +20,7 @@ from lightning_speedpack.doctor.runner import run_script
 from tests.helpers import global_state
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import TinyCNN, quiet_trainer_kwargs
+from tests.helpers.namespaces import Namespace, each_namespace
 
 A100 = DeviceInfo("cuda", "NVIDIA A100", (8, 0), has_tensor_cores=True)
 
@@ -357,3 +358,41 @@ def test_under_ddp_every_rank_checks_without_collectives(tmp_path: Path) -> None
     for rank, found, evidence in results:
         assert found == ["batch-size-multiple", "sync-batchnorm"], rank
         assert evidence == "1 BatchNorm layer(s) (first: net.1), per-device batch 4, 2 processes"
+
+
+# --- tables in the run (issue 15) ----------------------------------------------------------------
+
+
+@each_namespace
+def test_csv_logger_gets_the_advisor_table_and_counts(ns: Namespace, tmp_path: Path) -> None:
+    import csv
+    import json
+
+    advisor = advisor_(measure_steps=2)
+    logger = ns.sub("loggers").CSVLogger(tmp_path / "csv")
+    trainer = ns.Trainer(
+        callbacks=[advisor],
+        **quiet_trainer_kwargs(tmp_path, max_steps=4, logger=logger, limit_val_batches=0),
+    )
+    trainer.fit(ns.SizedBoringModel())
+    log_dir = Path(logger.log_dir)
+    with (log_dir / "speedpack_advisor.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["id"] for r in rows] == ids(advisor)
+    workers = next(r for r in rows if r["id"] == "dataloader-workers")
+    assert workers == {
+        "id": "dataloader-workers",
+        "severity": "warning",
+        "evidence": "train_dataloader: num_workers=0",
+        "fix": next(f.fix for f in advisor.findings if f.id == "dataloader-workers"),
+        "location": "train_dataloader",
+    }
+    summary = json.loads((log_dir / "speedpack_summary.json").read_text())
+    for severity in ("error", "warning", "info"):
+        expected = sum(f.severity == severity for f in advisor.findings)
+        assert summary[f"speedpack/advisor/{severity}"] == expected
+        assert summary[f"speedpack/findings/{severity}"] == expected  # the last: logs findings
+    assert summary["speedpack/advisor_findings"] == len(advisor.findings)
+    assert summary["speedpack/advisor/data_wait_fraction"] == round(
+        advisor.data_wait_fraction or 0.0, 4
+    )

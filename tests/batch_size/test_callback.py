@@ -29,6 +29,7 @@ from lightning_speedpack.batch_size.search import round_down
 from lightning_speedpack.doctor.runner import run_script
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
+from tests.helpers.namespaces import Namespace, each_namespace
 
 
 class LimitedModel(SizedBoringModel):
@@ -542,3 +543,56 @@ def test_doctor_shows_the_trials_of_a_tuner_the_script_added(tmp_path: Path) -> 
         [64, True],
         [128, False],
     ]
+
+
+# --- tables in the run (issue 15) ----------------------------------------------------------------
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@each_namespace
+def test_csv_logger_gets_the_trials_table_and_tuned_size(ns: Namespace, tmp_path: Path) -> None:
+    import json
+
+    tuner = BatchSizeTuner(mode="throughput", max_val=32, steps_per_trial=2, verbose=False)
+    logger = ns.sub("loggers").CSVLogger(tmp_path / "csv")
+    trainer = ns.Trainer(
+        callbacks=[tuner],
+        **quiet_trainer_kwargs(tmp_path, max_steps=1, logger=logger, limit_val_batches=0),
+    )
+    trainer.fit(ns.SizedBoringModel(batch_size=4))
+    log_dir = Path(logger.log_dir)
+    rows = _csv(log_dir / "speedpack_batch_size_trials.csv")
+    assert [(int(r["batch_size"]), r["fits"]) for r in rows] == [
+        (t.batch_size, str(t.fits)) for t in tuner.trials
+    ]
+    assert [float(r["samples_per_sec"]) for r in rows] == [t.samples_per_sec for t in tuner.trials]
+    assert [int(r["batch_size"]) for r in rows if r["chosen"] == "True"] == [tuner.batch_size]
+    summary = json.loads((log_dir / "speedpack_summary.json").read_text())
+    assert summary["speedpack/tuned_batch_size"] == tuner.batch_size
+    assert summary["speedpack/batch_size"] == tuner.batch_size
+    (finding,) = _csv(log_dir / "speedpack_findings.csv")
+    assert (finding["component"], finding["id"]) == ("batch_size", "batch-size-trials")
+
+
+@each_namespace
+def test_report_only_logs_the_size_in_use_and_no_trials(ns: Namespace, tmp_path: Path) -> None:
+    import json
+
+    logger = ns.sub("loggers").CSVLogger(tmp_path / "csv")
+    trainer = ns.Trainer(
+        callbacks=[BatchSizeTuner(report_only=True, verbose=False)],
+        **quiet_trainer_kwargs(tmp_path, max_steps=1, logger=logger, limit_val_batches=0),
+    )
+    trainer.fit(ns.SizedBoringModel(batch_size=12))
+    log_dir = Path(logger.log_dir)
+    assert not (log_dir / "speedpack_batch_size_trials.csv").exists()
+    summary = json.loads((log_dir / "speedpack_summary.json").read_text())
+    assert summary["speedpack/batch_size"] == 12
+    assert "speedpack/tuned_batch_size" not in summary
+    assert [r["id"] for r in _csv(log_dir / "speedpack_findings.csv")] == ["batch-size-multiple"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import pickle
-import subprocess
 import sys
 import textwrap
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from lightning_speedpack.core import lightning as core
 from tests.helpers.namespaces import NAMESPACES, Namespace, each_namespace
+from tests.helpers.procs import run_in_session
 
 
 def test_callback_is_a_subclass_of_every_installed_callback() -> None:
@@ -102,9 +102,7 @@ def test_installed_does_not_import_the_lightning_package() -> None:
               "pytorch_lightning" in sys.modules)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
+    proc = run_in_session([sys.executable, "-c", code], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # core.lightning builds its Callback base at import, so the namespaces *are* imported by
     # then; what is checked here is that the probe itself answers by path

@@ -19,6 +19,7 @@ from lightning_speedpack.doctor import Finding, register_diagnostic, unregister_
 from lightning_speedpack.doctor.runner import DoctorSession, RunRecorder, run_script
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
 from tests.helpers.namespaces import NAMESPACE_NAMES, Namespace, each_namespace
+from tests.helpers.procs import run_in_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -133,12 +134,8 @@ def test_missing_script_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "lightning_speedpack", "doctor", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    return run_in_session(
+        [sys.executable, "-m", "lightning_speedpack", "doctor", *args], timeout=240, cwd=cwd
     )
 
 

@@ -98,3 +98,25 @@ def find_runs(wandb_dir: Path) -> list[WandbRun]:
     """Every run under ``wandb_dir`` (the ``WANDB_DIR``), oldest first."""
     files = sorted(Path(wandb_dir).glob("**/run-*.wandb"), key=lambda p: p.stat().st_mtime)
     return [read_run(p) for p in files]
+
+
+def read_table(run: WandbRun, key: str) -> dict[str, Any]:
+    """The ``wandb.Table`` logged under ``key``: ``{"columns": [...], "data": [[...], ...]}``.
+
+    Read from the table file in the run's own ``files/`` folder (what W&B uploads), through the
+    history row that points to it. Fails unless the table was logged exactly once.
+    """
+    rows = [r for r in run.history if r.get(f"{key}/_type") == "table-file"]
+    assert len(rows) == 1, f"{key!r} logged {len(rows)} times, expected once"
+    path = run.path.parent / "files" / rows[0][f"{key}/path"]
+    return dict(json.loads(path.read_text()))
+
+
+def table_keys(run: WandbRun) -> set[str]:
+    """The keys of every table logged in the run."""
+    return {
+        k.removesuffix("/_type")
+        for row in run.history
+        for k, v in row.items()
+        if k.endswith("/_type") and v == "table-file"
+    }

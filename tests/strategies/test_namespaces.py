@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,6 +19,7 @@ from lightning_speedpack.strategies.ddp import SpeedpackDDPMixin
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import NAMESPACE_NAMES, NAMESPACES, Namespace, each_namespace
+from tests.helpers.procs import run_in_session
 
 L = pytest.importorskip("lightning.pytorch")
 
@@ -79,9 +79,7 @@ def test_the_names_work_whatever_the_import_order(order: list[str]) -> None:
             print(ns, type(trainer.strategy).__module__, "ddp_speedpack_spawn" in registry)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=False
-    )
+    proc = run_in_session([sys.executable, "-c", code], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == [
         "pytorch_lightning lightning_speedpack.strategies.pytorch_lightning True",

@@ -26,6 +26,7 @@ from lightning_speedpack.sync_points.callback import (
 from tests.helpers import global_state
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import quiet_trainer_kwargs
+from tests.helpers.namespaces import Namespace, each_namespace
 
 STEPS = 3
 
@@ -380,3 +381,54 @@ def test_doctor_report_has_a_sync_section(tmp_path: Path) -> None:
     assert ours[0].fix is not None
     assert ours[0].fix.startswith(".item() ->")
     assert result.report.runs[0].figures["syncs_per_step"] == 1.0
+
+
+# --- tables in the run (issue 15) ----------------------------------------------------------------
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@each_namespace
+def test_csv_logger_gets_the_sync_table_summary_and_findings(ns: Namespace, tmp_path: Path) -> None:
+    import json
+
+    class Chatty(ns.SizedBoringModel):  # type: ignore[misc, name-defined]
+        """A step that reads the loss back to the host."""
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            out = super().training_step(batch, batch_idx)
+            self.last = out["loss"].item()  # sync: item
+            return out
+
+    line = marked_lines(Chatty.training_step)["item"]
+    logger = ns.sub("loggers").CSVLogger(tmp_path / "csv")
+    trainer = ns.Trainer(
+        callbacks=[SyncPointWarnings(mode="summary", include_cpu=True)],
+        **quiet_trainer_kwargs(tmp_path, max_steps=STEPS, logger=logger, limit_val_batches=0),
+    )
+    trainer.fit(Chatty())
+    log_dir = Path(logger.log_dir)
+    (row,) = _csv_rows(log_dir / "speedpack_sync_points.csv")
+    assert row["location"] == f"tests/sync_points/test_callback.py:{line}"
+    assert (row["origin"], row["kind"], row["function"]) == ("user", "item", "training_step")
+    assert (row["per_step"], row["steps_seen"], row["first_step"]) == ("1.0", str(STEPS), "0")
+    summary = json.loads((log_dir / "speedpack_summary.json").read_text())
+    assert summary["speedpack/syncs_per_step"] == 1.0
+    assert summary["speedpack/findings/warning"] == 1  # the only pack callback: it logs findings
+    (finding,) = _csv_rows(log_dir / "speedpack_findings.csv")
+    assert (finding["id"], finding["location"]) == ("sync-item", row["location"])
+
+
+@each_namespace
+def test_without_a_logger_nothing_is_written(ns: Namespace, tmp_path: Path) -> None:
+    trainer = ns.Trainer(
+        callbacks=[SyncPointWarnings(mode="summary", include_cpu=True)],
+        **quiet_trainer_kwargs(tmp_path, max_steps=2),
+    )
+    trainer.fit(ns.SizedBoringModel())
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("speedpack")]

@@ -1,0 +1,61 @@
+"""Cost of the data-pipeline X-ray: the profiler on the small CNN with 2 workers, and a stage.
+
+Run: ``.venv/bin/python benchmarks/data_xray.py [repeats]``. Variants alternate in one
+process; medians and their ratio are printed (the machine is shared: only ratios count).
+"""
+
+from __future__ import annotations
+
+import sys
+import timeit
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from benchmarks._common import SmallCNN, alternate, fit_seconds, print_table
+from lightning_speedpack.data.profiler import DataPipelineProfiler
+from lightning_speedpack.data.stages import stage
+
+
+class WorkerCNN(SmallCNN):
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(
+            self.data, batch_size=self.batch_size, num_workers=2, persistent_workers=True
+        )
+
+
+def main(repeats: int = 5) -> None:
+    noop = stage("decode")
+
+    def with_stage() -> None:
+        with noop:
+            pass
+
+    n = 200_000
+    per_call = min(timeit.repeat(with_stage, number=n, repeat=5)) / n
+    print_table(
+        "`with stage(...)` without a profiler",
+        ["variant", "ns per call"],
+        [["with stage('decode'): pass", per_call * 1e9]],
+    )
+    kwargs = {"max_epochs": 2}
+    medians = alternate(
+        {
+            "plain": lambda: fit_seconds(lambda: WorkerCNN(n=1024), **kwargs),
+            "profiler": lambda: fit_seconds(
+                lambda: WorkerCNN(n=1024),
+                callbacks=[DataPipelineProfiler(probe="off", log_every_n_steps=10)],
+                **kwargs,
+            ),
+        },
+        repeats=repeats,
+    )
+    print_table(
+        "DataPipelineProfiler cost: SmallCNN, 2 persistent workers, 2 epochs of 32 batches",
+        ["variant", "median fit s", "ratio"],
+        [[k, v, v / medians["plain"]] for k, v in medians.items()],
+    )
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)

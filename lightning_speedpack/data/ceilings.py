@@ -1,0 +1,181 @@
+"""The two ceilings of a training run and the verdict: which one the run is bound by.
+
+- The *loader ceiling*: samples/s the training DataLoader delivers alone (a fresh iterator,
+  after warm-up, nothing else running) -- the guide's "iterate the loader for 20 batches".
+- The *model ceiling*: samples/s of real training steps on one batch already in memory
+  (:func:`lightning_speedpack.core.trials.time_training_steps`, all state put back).
+- :func:`verdict`: "data-bound: the loader delivers 310 samples/s, the model could consume
+  2,400", with the number of workers that would close the gap from the measured per-worker rate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+
+__all__ = ["LoaderCeiling", "Verdict", "loader_ceiling", "verdict"]
+
+#: The model must beat the loader by this factor for the run to be called data-bound.
+BOUND_MARGIN = 1.1
+
+
+@dataclass
+class LoaderCeiling:
+    """What one pass of the loader alone measured."""
+
+    samples_per_sec: float | None
+    batches: int  # timed batches
+    samples: int  # timed samples
+    seconds: float
+    first_batch_seconds: float  # start-up: iterator creation to the first batch
+    batch: Any = None  # the last batch drawn (for the model ceiling)
+
+
+def _samples(batch: Any) -> int:
+    try:
+        return infer_batch_size(batch)
+    except BatchSizeError:
+        return 1
+
+
+def loader_ceiling(
+    loader: Iterable[Any], batches: int = 20, warmup: int | None = None
+) -> LoaderCeiling:
+    """Iterate ``loader`` alone: ``warmup`` batches untimed, then time up to ``batches``.
+
+    The default warm-up is ``num_workers * prefetch_factor + 1`` batches (the workers' start and
+    the batches they prefetched are not the steady rate). The torch, numpy and Python RNG
+    states are put back afterwards, so the fit's own iterator draws the same shuffle.
+
+    Example:
+        >>> from torch.utils.data import DataLoader
+        >>> probe = loader_ceiling(DataLoader(range(64), batch_size=8), batches=4, warmup=1)
+        >>> probe.batches, probe.samples
+        (4, 32)
+    """
+    if batches < 1:
+        raise ValueError(f"`batches` must be a positive int, got {batches!r}")
+    if warmup is None:
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        prefetch = int(getattr(loader, "prefetch_factor", None) or 2)
+        warmup = workers * prefetch + 1
+        try:
+            length = len(loader)  # type: ignore[arg-type]
+        except TypeError:  # a stream
+            length = None
+        if length is not None:
+            warmup = max(1, min(warmup, length // 2))
+    rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        start = time.perf_counter()
+        iterator = iter(loader)
+        batch: Any = None
+        first = None
+        drawn = 0
+        for item in iterator:
+            batch = item
+            drawn += 1
+            if first is None:
+                first = time.perf_counter() - start
+            if drawn >= warmup:
+                break
+        timed_start = last = time.perf_counter()
+        samples = count = 0
+        if drawn >= warmup:
+            for batch in iterator:
+                last = time.perf_counter()  # not the shutdown that follows the last batch
+                samples += _samples(batch)
+                count += 1
+                if count >= batches:
+                    break
+        seconds = last - timed_start
+        del iterator
+    finally:
+        torch.set_rng_state(rng[0])
+        np.random.set_state(rng[1])
+        random.setstate(rng[2])
+    rate = samples / seconds if count and seconds > 0 else None
+    return LoaderCeiling(rate, count, samples, seconds, first or 0.0, batch)
+
+
+@dataclass
+class Verdict:
+    """Which ceiling binds, the numbers, and the workers that would close a data gap."""
+
+    bound: str  # "data", "model" or "unknown"
+    loader_samples_per_sec: float | None
+    model_samples_per_sec: float | None
+    workers_needed: int | None = None
+    per_worker_samples_per_sec: float | None = None
+
+    @property
+    def message(self) -> str:
+        """The verdict in one sentence, with the numbers."""
+        loader, model = self.loader_samples_per_sec, self.model_samples_per_sec
+        if self.bound == "unknown" or loader is None or model is None:
+            return "unknown: a ceiling could not be measured"
+        if self.bound == "data":
+            text = (
+                f"data-bound: the loader delivers {loader:,.0f} samples/s, "
+                f"the model could consume {model:,.0f}"
+            )
+            if self.workers_needed is not None and self.per_worker_samples_per_sec:
+                text += (
+                    f"; about {self.workers_needed} workers at the measured "
+                    f"{self.per_worker_samples_per_sec:,.0f} samples/s each would close the gap"
+                )
+            return text
+        return (
+            f"model-bound: the model consumes {model:,.0f} samples/s, "
+            f"the loader could deliver {loader:,.0f}"
+        )
+
+
+def verdict(
+    loader_sps: float | None,
+    model_sps: float | None,
+    per_worker_sps: float | None = None,
+    cpus: int | None = None,
+) -> Verdict:
+    """Compare the ceilings; estimate the workers that would feed the model.
+
+    Args:
+        loader_sps: the loader ceiling (samples/s).
+        model_sps: the model ceiling (samples/s).
+        per_worker_sps: samples/s one loading process produces while busy (measured).
+        cpus: the CPUs available (caps nothing, only noted); default ``os.cpu_count()``.
+
+    Example:
+        >>> v = verdict(310.0, 2400.0, per_worker_sps=80.0)
+        >>> v.bound, v.workers_needed
+        ('data', 30)
+        >>> v.message
+        'data-bound: the loader delivers 310 samples/s, the model could consume 2,400; ...'
+    """
+    del cpus  # reserved: the message does not cap workers at the CPU count
+    if loader_sps is None or model_sps is None:
+        return Verdict("unknown", loader_sps, model_sps)
+    if model_sps > loader_sps * BOUND_MARGIN:
+        needed = None
+        if per_worker_sps and per_worker_sps > 0:
+            needed = max(1, math.ceil(model_sps / per_worker_sps))
+        return Verdict("data", loader_sps, model_sps, needed, per_worker_sps)
+    return Verdict("model", loader_sps, model_sps, None, per_worker_sps)
+
+
+def cpu_count() -> int:
+    """CPUs this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

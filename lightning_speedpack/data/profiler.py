@@ -1,0 +1,498 @@
+"""DataPipelineProfiler: time every stage of data loading inside the workers; two ceilings."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import override
+
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.lightning import (
+    Callback,
+    classes,
+    namespace_of,
+    rank_zero_info,
+    rank_zero_warn,
+)
+from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.data import stages as _stages
+from lightning_speedpack.data.ceilings import Verdict, loader_ceiling, verdict
+from lightning_speedpack.data.instrument import LoaderProbe, untimed_class
+from lightning_speedpack.data.pipeline import PipelineTotals, delta, format_stage_table
+from lightning_speedpack.data.stages import RowSnapshot
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = ["DataPipelineProfiler"]
+
+_PROBES = ("start", "off")
+
+
+class DataPipelineProfiler(Callback):
+    r"""Time each stage of the training data pipeline inside the workers; find the bound.
+
+    Use it when steps wait for data (``throughput/data_wait_fraction`` is high) to learn where
+    a sample's time goes -- the dataset's fetch (``__getitem__``/``__getitems__``, or
+    ``__next__`` of a stream), the ``collate_fn``, the worker-to-main queue, any named
+    :func:`~lightning_speedpack.data.stages.stage` -- and whether more workers, a cache or a
+    faster model is the fix. No edit to the dataset is needed: the training DataLoader is
+    given thin timing proxies when Lightning sets it up (its collate function and
+    ``worker_init_fn`` are wrapped; each worker times its own copy of the dataset) and gets its
+    own back after the fit. Batches are unchanged. Each worker adds its timings to its own
+    row of a small shared-memory table; nothing crosses processes per sample. Works with
+    ``num_workers=0``, ``fork``, ``spawn`` and persistent workers.
+
+    With ``probe="start"`` it measures two ceilings when training starts: the *loader
+    ceiling* (the training loader alone, a fresh iterator on a copy of it, after warm-up) and
+    the *model ceiling* (``model_steps`` real training steps on one batch already in memory,
+    with parameters, optimizer and RNG states put back bit-identically), and states the
+    verdict, e.g. "data-bound: the loader delivers 310 samples/s, the model could consume
+    2,400", with the number of workers that would close the gap at the measured per-worker
+    rate.
+
+    Rank policy: measures on every rank (each its own loader); logs and reports rank 0's.
+
+    ========================================  ==================================================
+    Key                                       Meaning
+    ========================================  ==================================================
+    ``data/fetch_ms``                         mean time per sample in the dataset's fetch
+    ``data/collate_ms``                       mean time per batch in ``collate_fn``
+    ``data/queue_wait_ms``                    mean time a finished batch waits for the main
+                                              process (workers only)
+    ``data/stage/<name>_ms``                  mean time per call of a named stage
+    ``data/worker_busy_fraction``             fetch + collate time / wall time, per process
+    ``data/cache_hit_rate``                   hits / reads of a ``CachedDataset`` (its stages)
+    ``data/loader_ceiling_samples_per_sec``   the loader alone (logged once, at the probe)
+    ``data/model_ceiling_samples_per_sec``    the model alone (logged once, at the probe)
+    ========================================  ==================================================
+
+    Keys go through every logger at ``trainer.global_step``; with a ``WandbLogger`` the run
+    summary gets ``data/verdict``, both ceilings and ``data/workers_needed``.
+
+    Args:
+        probe: ``"start"`` to measure the ceilings when training starts, ``"off"`` for none.
+        probe_batches: batches the loader ceiling times (after warm-up).
+        model_steps: training steps the model ceiling times (after one warm-up step).
+        log_every_n_steps: log every this many steps; ``None`` follows the Trainer's.
+        prefix: prefix of the logged keys.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        ValueError: ``probe`` is not ``"start"``/``"off"`` or a count is not positive.
+
+    Example:
+        >>> from pytorch_lightning import Trainer
+        >>> from pytorch_lightning.demos.boring_classes import BoringModel
+        >>> profiler = DataPipelineProfiler(probe="start", probe_batches=4, model_steps=2)
+        >>> trainer = Trainer(max_steps=8, callbacks=[profiler], logger=False,
+        ...                   enable_progress_bar=False, enable_model_summary=False,
+        ...                   enable_checkpointing=False, accelerator="cpu")
+        >>> trainer.fit(BoringModel())
+        >>> figures = profiler.doctor_figures()
+        >>> figures["batches"], figures["verdict"].split(":")[0] in ("data-bound", "model-bound")
+        (8, True)
+    """
+
+    def __init__(
+        self,
+        probe: str = "start",
+        probe_batches: int = 20,
+        model_steps: int = 5,
+        log_every_n_steps: int | None = None,
+        prefix: str = "data/",
+    ) -> None:
+        if not isinstance(probe, str) or probe not in _PROBES:
+            raise ValueError(f"`probe` must be one of {_PROBES}, got {probe!r}")
+        for name, value in (("probe_batches", probe_batches), ("model_steps", model_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {value!r}")
+        if log_every_n_steps is not None and (
+            isinstance(log_every_n_steps, bool)
+            or not isinstance(log_every_n_steps, int)
+            or log_every_n_steps < 1
+        ):
+            raise ValueError(
+                f"`log_every_n_steps` must be a positive int or None, got {log_every_n_steps!r}"
+            )
+        if not isinstance(prefix, str):
+            raise TypeError(f"`prefix` must be a str, got {prefix!r}")
+        self.probe, self.probe_batches, self.model_steps = probe, probe_batches, model_steps
+        self.log_every_n_steps, self.prefix = log_every_n_steps, prefix
+        self._state_key = self._generate_state_key(probe=probe, prefix=prefix)
+        self.totals = PipelineTotals()
+        self.verdict: Verdict | None = None
+        self.loader_ceiling: float | None = None
+        self.model_ceiling: float | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._batches = 0
+        self._last_logged_step = -1
+        self._pending = PipelineTotals()
+        self._location: str | None = None
+        # runtime only (never pickled)
+        self._probes: list[LoaderProbe] = []
+        self._reads: dict[int, tuple[list[RowSnapshot], float]] = {}
+        self._waits: dict[int, tuple[float, int]] = {}
+        self._shadowed: tuple[Any, Any] | None = None
+        self._main_probe: LoaderProbe | None = None
+        self._main_recorder: Any = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._state_key
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(
+            _probes=[], _reads={}, _waits={}, _shadowed=None, _main_probe=None, _main_recorder=None
+        )
+        return state
+
+    # ---- Lightning hooks -------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.totals, self.verdict, self.last_metrics = PipelineTotals(), None, {}
+        self.loader_ceiling = self.model_ceiling = None
+        self._batches, self._last_logged_step, self._pending = 0, -1, PipelineTotals()
+        self._shadow(trainer)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keep_train_probes(trainer)
+        if self.probe == "start" and self._probes:
+            self._run_probes(trainer, pl_module)
+        self._mark_all()
+        self._activate_main()
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._keep_train_probes(trainer)  # loaders reloaded for this epoch
+        self._activate_main()
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self._batches += 1
+        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        if trainer.global_step % every == 0 and trainer.global_step != self._last_logged_step:
+            self._window()
+            self._log(trainer)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        _stages.deactivate()  # validation fetches are not the training pipeline
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.training:
+            self._activate_main()
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._window()  # before a new worker pool reuses rows
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._window()
+        _stages.deactivate()
+        if trainer.global_step != self._last_logged_step:  # the unlogged tail, once
+            self._log(trainer)
+        if trainer.is_global_zero:
+            self._write_wandb_summary(trainer)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._cleanup(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._cleanup(trainer)
+
+    # ---- doctor ----------------------------------------------------------------------------
+
+    def doctor_figures(self) -> dict[str, Any]:
+        """Whole-run figures: per-stage ms, busy fraction, ceilings, verdict, workers needed."""
+        figures: dict[str, Any] = {
+            k.removeprefix(self.prefix).replace("/", "_"): v
+            for k, v in self.totals.metrics(self.prefix).items()
+        }
+        figures["batches"] = self._batches
+        figures["loader_ceiling_samples_per_sec"] = self.loader_ceiling
+        figures["model_ceiling_samples_per_sec"] = self.model_ceiling
+        if self.verdict is not None:
+            figures["verdict"] = self.verdict.message
+            figures["bound"] = self.verdict.bound
+            figures["workers_needed"] = self.verdict.workers_needed
+            figures["per_worker_samples_per_sec"] = self.verdict.per_worker_samples_per_sec
+        return figures
+
+    def doctor_findings(self) -> list[Finding]:
+        """The stage table (``data-pipeline``) and the verdict (``data-bound``/``model-bound``)."""
+        found: list[Finding] = []
+        if self.totals.samples > 0 or self.totals.batches > 0:
+            found.append(
+                Finding(
+                    component="data",
+                    id="data-pipeline",
+                    message="where a training sample's loading time goes:\n"
+                    + format_stage_table(self.totals),
+                    location=self._location,
+                    figures=self.totals.metrics(self.prefix),
+                    severity="info",
+                )
+            )
+        v = self.verdict
+        if v is not None and v.bound != "unknown":
+            fix = None
+            if v.bound == "data":
+                fix = (
+                    f"raise DataLoader(num_workers=...) to about {v.workers_needed} "
+                    "(persistent_workers=True) and/or cache the deterministic preprocessing "
+                    "with lightning_speedpack.CachedDataset"
+                    if v.workers_needed
+                    else "cache the deterministic preprocessing with CachedDataset"
+                )
+            found.append(
+                Finding(
+                    component="data",
+                    id=f"{v.bound}-bound",
+                    message=v.message,
+                    location=self._location if v.bound == "data" else None,
+                    figures={
+                        "loader_ceiling_samples_per_sec": v.loader_samples_per_sec,
+                        "model_ceiling_samples_per_sec": v.model_samples_per_sec,
+                        "workers_needed": v.workers_needed,
+                    },
+                    severity="warning" if v.bound == "data" else "info",
+                    fix=fix,
+                )
+            )
+        return found
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _shadow(self, trainer: pl.Trainer) -> None:
+        """Instrument each training DataLoader as Lightning processes it (before any iterator)."""
+        strategy = trainer.strategy
+        if self._shadowed is not None:
+            return
+        own = strategy.__dict__.get("process_dataloader")
+        original = strategy.process_dataloader
+        namespace = namespace_of(trainer).__name__
+        seed_module = (
+            "lightning.fabric.utilities.seed"
+            if namespace.startswith("lightning.")
+            else "lightning_fabric.utilities.seed"
+        )
+
+        def process_dataloader(dataloader: object) -> object:
+            dataloader = original(dataloader)
+            if (
+                trainer.training
+                and not trainer.sanity_checking
+                and isinstance(dataloader, torch.utils.data.DataLoader)
+                and not any(p.loader is dataloader for p in self._probes)
+            ):
+                self._probes.append(LoaderProbe(dataloader, seed_module, trainer.global_rank))
+                self._activate_main()  # the fit's first batches are fetched before train start
+            return dataloader
+
+        strategy.process_dataloader = process_dataloader  # type: ignore[method-assign]
+        self._shadowed = (strategy, own)
+
+    def _unshadow(self) -> None:
+        if self._shadowed is None:
+            return
+        strategy, own = self._shadowed
+        self._shadowed = None
+        if own is None:
+            strategy.__dict__.pop("process_dataloader", None)
+        else:
+            strategy.process_dataloader = own
+
+    def _keep_train_probes(self, trainer: pl.Trainer) -> None:
+        """Undo the instrumentation of loaders that are not (or no longer) training loaders."""
+        loaders = list(_torch_loaders(trainer.train_dataloader))
+        keep = []
+        for probe in self._probes:
+            if any(probe.loader is dl for dl in loaders):
+                keep.append(probe)
+            else:
+                self._close(probe)
+        self._probes = keep
+        if self._location is None and loaders:
+            self._location = _fetch_location(loaders[0].dataset)
+
+    def _activate_main(self) -> None:
+        """Record the main process's fetches when a training loader has no workers."""
+        main = next((p for p in self._probes if p.workers == 0), None)
+        if main is None:
+            self._main_probe = self._main_recorder = None
+            _stages.deactivate()
+            return
+        if main is not self._main_probe or self._main_recorder is None:
+            self._main_probe = main
+            self._main_recorder = _stages.activate(main.table, 0)
+        _stages._ACTIVE = self._main_recorder  # resumed: the row keeps counting
+
+    def _run_probes(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from lightning_speedpack.core.trials import time_training_steps
+
+        probe = self._probes[0]
+        main = _stages._ACTIVE
+        if probe.workers == 0:
+            _stages.activate(probe.table, 1)  # the probe's own row; row 0 is the fit's
+        before = probe.table.read()
+        t0 = time.perf_counter()
+        side = probe.side_copy()
+        try:
+            result = loader_ceiling(side, batches=self.probe_batches)
+        finally:
+            LoaderProbe.close_copy(side)
+            _stages._ACTIVE = main
+        rows = delta(before, probe.table.read(), t0, time.perf_counter(), live=[])
+        during = PipelineTotals()
+        during.add(rows)
+        self.loader_ceiling = result.samples_per_sec
+        if result.batch is not None:
+            try:
+                seconds, samples = time_training_steps(
+                    trainer, pl_module, result.batch, self.model_steps
+                )
+                self.model_ceiling = samples / seconds if seconds > 0 else None
+            except Exception as err:  # a probe must never end the fit
+                rank_zero_warn(f"DataPipelineProfiler: the model ceiling was not measured: {err}")
+        self.verdict = verdict(
+            self.loader_ceiling, self.model_ceiling, during.per_process_samples_per_sec()
+        )
+        rank_zero_info(f"DataPipelineProfiler: {self.verdict.message}")
+        if trainer.is_global_zero:
+            metrics = {
+                f"{self.prefix}loader_ceiling_samples_per_sec": self.loader_ceiling,
+                f"{self.prefix}model_ceiling_samples_per_sec": self.model_ceiling,
+            }
+            values = {k: float(v) for k, v in metrics.items() if v is not None}
+            if values:
+                for logger in trainer.loggers:
+                    logger.log_metrics(values, step=trainer.global_step)
+
+    def _mark_all(self) -> None:
+        """Start the fit's window here: what ran before (the probes) is not counted."""
+        now = time.perf_counter()
+        for probe in self._probes:
+            probe.count_from = now
+            rows = probe.table.read()
+            for r in probe.live_rows():  # the fit's own processes: counted from their start
+                rows[r].pid = 0
+            self._reads[id(probe)] = (rows, now)
+            self._waits[id(probe)] = (probe.wait_seconds, probe.waits)
+
+    def _window(self) -> PipelineTotals:
+        """Read every table; add what happened since the last read to the run totals."""
+        window = PipelineTotals()
+        now = time.perf_counter()
+        for probe in self._probes:
+            rows = probe.table.read()
+            before, t_before = self._reads.get(id(probe), (None, now))
+            if before is None:
+                t_before = min((r.start for r in rows if r.pid), default=now)
+            waited, n_waited = self._waits.get(id(probe), (0.0, 0))
+            window.add(
+                delta(before, rows, t_before, now, probe.live_rows()),
+                probe.wait_seconds - waited,
+                probe.waits - n_waited,
+            )
+            self._reads[id(probe)] = (rows, now)
+            self._waits[id(probe)] = (probe.wait_seconds, probe.waits)
+        self.totals.merge(window)
+        self._pending.merge(window)
+        return window
+
+    def _log(self, trainer: pl.Trainer) -> None:
+        metrics = self._pending.metrics(self.prefix)
+        self._pending = PipelineTotals()
+        self._last_logged_step = trainer.global_step
+        if not metrics or not trainer.is_global_zero:
+            return
+        self.last_metrics = metrics
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _write_wandb_summary(self, trainer: pl.Trainer) -> None:
+        runs = [
+            lg.experiment
+            for lg in trainer.loggers
+            if isinstance(lg, classes("loggers.WandbLogger"))
+        ]
+        if not runs:
+            return
+        p = self.prefix
+        summary: dict[str, Any] = {f"{p}{k}": v for k, v in self.totals.metrics("").items()}
+        if self.verdict is not None:
+            summary[f"{p}verdict"] = self.verdict.message
+            summary[f"{p}workers_needed"] = self.verdict.workers_needed
+        summary[f"{p}loader_ceiling_samples_per_sec"] = self.loader_ceiling
+        summary[f"{p}model_ceiling_samples_per_sec"] = self.model_ceiling
+        summary = {k: v for k, v in summary.items() if v is not None}
+        for run in runs:
+            run.summary.update(summary)
+
+    def _close(self, probe: LoaderProbe) -> None:
+        probe.restore()
+        self._reads.pop(id(probe), None)
+        self._waits.pop(id(probe), None)
+
+    def _cleanup(self, trainer: pl.Trainer) -> None:
+        _stages.deactivate()
+        self._unshadow()
+        for probe in self._probes:
+            self._close(probe)
+        self._probes = []
+        self._main_probe = self._main_recorder = None
+
+
+def _torch_loaders(loaders: Any) -> list[Any]:
+    from lightning_speedpack.core.trials import _torch_loaders as walk
+
+    return list(walk(loaders)) if loaders is not None else []
+
+
+def _fetch_location(dataset: Any) -> str | None:
+    import inspect
+    from pathlib import Path
+
+    cls = untimed_class(type(dataset))
+    for name in ("__getitems__", "__getitem__", "__iter__"):
+        fn = getattr(cls, name, None)
+        if not inspect.isfunction(fn):
+            continue
+        try:
+            source = inspect.getsourcefile(fn)
+            line = inspect.getsourcelines(fn)[1]
+        except (OSError, TypeError):
+            continue
+        if source and "site-packages" not in Path(source).parts:
+            return f"{Path(source).name}:{line}"
+    return None
+
+
+register_diagnostic(
+    "data",
+    DataPipelineProfiler,
+    factory=lambda ctx: DataPipelineProfiler(probe="start", log_every_n_steps=10),
+    order=15,
+)

@@ -1,0 +1,86 @@
+"""What the doctor concludes from ThroughputLogger's figures: the ``data-wait`` finding.
+
+Plain functions over figures, so the rule can be tested without a Trainer. Where the user's
+dataset reads its samples (``file.py:LINE`` of ``__getitem__``) is looked up only when a
+finding needs it: reading source lines costs more than a hundred training steps' worth of
+the logger's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightning_speedpack.core.findings import Finding
+
+__all__ = ["DATA_WAIT_THRESHOLD", "data_wait_findings", "getitem_location"]
+
+#: More than this fraction of the step time waiting for the next batch is a finding.
+DATA_WAIT_THRESHOLD = 0.2
+
+
+def data_wait_findings(
+    figures: dict[str, Any],
+    num_workers: int | None,
+    locate: Callable[[], str | None] = lambda: None,
+) -> list[Finding]:
+    """A ``data-wait`` warning when more than 20% of the step time waits for data.
+
+    ``locate`` gives the finding's location (the dataset's ``__getitem__``); it is called only
+    when there is a finding.
+
+    Example:
+        >>> [f.id for f in data_wait_findings({"data_wait_fraction": 0.6}, num_workers=0)]
+        ['data-wait']
+        >>> data_wait_findings({"data_wait_fraction": 0.1}, num_workers=0)
+        []
+    """
+    fraction = figures.get("data_wait_fraction")
+    if fraction is None or fraction <= DATA_WAIT_THRESHOLD:
+        return []
+    location = locate()
+    return [
+        Finding(
+            component="throughput",
+            id="data-wait",
+            message=(
+                f"{fraction:.0%} of each training step waits for the DataLoader's next batch "
+                f"(step {figures.get('step_time_ms', 0.0):.1f} ms)"
+            ),
+            location=location,
+            figures={"data_wait_fraction": fraction, "num_workers": num_workers},
+            severity="warning",
+            fix=(
+                "cache the deterministic preprocessing with lightning_speedpack.CachedDataset "
+                f"and/or raise DataLoader(num_workers=...) (now {num_workers}) with "
+                "persistent_workers=True (and pin_memory=True on GPU)"
+            ),
+        )
+    ]
+
+
+def getitem_location(getitem: Any) -> str | None:
+    """``file.py:LINE`` of a dataset's ``__getitem__`` when it is the user's own code.
+
+    Example:
+        >>> from torch.utils.data import TensorDataset
+        >>> getitem_location(TensorDataset.__getitem__) is None  # torch's, not the user's
+        True
+        >>> getitem_location(list.__getitem__) is None  # not Python code
+        True
+    """
+    if not inspect.isfunction(getitem):
+        return None
+    try:
+        source = inspect.getsourcefile(getitem)
+        line = inspect.getsourcelines(getitem)[1] if source else None
+    except (OSError, TypeError):
+        return None
+    if source is None or line is None:
+        return None
+    parts = Path(source).parts
+    if "site-packages" in parts or "torch" in parts:
+        return None
+    return f"{Path(source).name}:{line}"

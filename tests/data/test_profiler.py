@@ -1,0 +1,207 @@
+"""DataPipelineProfiler: per-stage accounting against what the workers really spent."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pytorch_lightning import Callback, Trainer
+from pytorch_lightning.loggers import Logger
+
+from lightning_speedpack.core.registry import registered_diagnostics
+from lightning_speedpack.data import stages
+from lightning_speedpack.data.profiler import DataPipelineProfiler
+from tests.data import pipeline_models as pm
+from tests.helpers.models import quiet_trainer_kwargs
+
+TOLERANCE = 0.15
+
+# Lightning's hint for spawn workers that are not persistent (the test wants both kinds).
+pytestmark = pytest.mark.filterwarnings("ignore:.*Consider setting `persistent_workers=True`")
+
+
+class RecordingLogger(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.calls.append((step, dict(metrics)))
+
+
+def _truth_ms(truth: torch.Tensor, total: int, count: int) -> float:
+    return 1000.0 * float(truth[:, total].sum()) / float(truth[:, count].sum())
+
+
+def _fit(tmp_path: Path, model: Any, profiler: DataPipelineProfiler, **kw: Any) -> Trainer:
+    kwargs = quiet_trainer_kwargs(tmp_path, **kw)
+    kwargs.setdefault("callbacks", [profiler])
+    trainer = Trainer(**kwargs)
+    trainer.fit(model)
+    return trainer
+
+
+@pytest.mark.parametrize(
+    ("workers", "context", "persistent"),
+    [(0, None, False), (2, "fork", False), (2, "spawn", False), (2, "fork", True)],
+    ids=["0-workers", "fork", "spawn", "fork-persistent"],
+)
+def test_stages_are_reported_as_measured_inside_the_workers(
+    tmp_path: Path, workers: int, context: str | None, persistent: bool
+) -> None:
+    truth = pm.new_truth()
+    model = pm.PipelineModel(truth, workers, context, persistent)
+    profiler = DataPipelineProfiler(probe="off")
+    _fit(tmp_path, model, profiler, max_epochs=2)
+    figures = profiler.doctor_figures()
+    assert figures["batches"] == 12
+    expected = {
+        "fetch_ms": _truth_ms(truth, pm.FETCH, pm.FETCH_N),
+        "stage_decode_ms": _truth_ms(truth, pm.STAGE, pm.STAGE_N),
+        "collate_ms": _truth_ms(truth, pm.COLLATE, pm.COLLATE_N),
+    }
+    for key, want in expected.items():
+        assert figures[key] == pytest.approx(want, rel=TOLERANCE), key
+    assert profiler.totals.samples == 96
+    assert 0.0 < figures["worker_busy_fraction"] <= 1.0
+    if workers:
+        assert figures["queue_wait_ms"] >= 0.0
+    assert not stages.active()
+
+
+def test_a_stream_is_timed_per_next(tmp_path: Path) -> None:
+    truth = pm.new_truth()
+    model = pm.PipelineModel(truth, workers=2, context="fork", stream=True)
+    profiler = DataPipelineProfiler(probe="off")
+    _fit(tmp_path, model, profiler)
+    figures = profiler.doctor_figures()
+    assert profiler.totals.samples == 48
+    assert figures["fetch_ms"] == pytest.approx(
+        _truth_ms(truth, pm.FETCH, pm.FETCH_N), rel=TOLERANCE
+    )
+
+
+def test_batches_are_unchanged_and_the_loader_is_given_back(tmp_path: Path) -> None:
+    plain = pm.PipelineModel(pm.new_truth(), workers=2, context="fork")
+    _fit(tmp_path, plain, DataPipelineProfiler(probe="off"), callbacks=[])
+    profiled = pm.PipelineModel(pm.new_truth(), workers=2, context="fork")
+    trainer = _fit(tmp_path, profiled, DataPipelineProfiler(probe="start", probe_batches=2))
+    seen = profiled.seen[-len(plain.seen) :]  # the model ceiling's steps come first
+    assert seen == plain.seen
+    loader = trainer.train_dataloader
+    assert isinstance(loader.collate_fn, pm.SlowCollate)
+    assert loader.worker_init_fn is None
+    assert type(loader.dataset) is pm.SlowDataset
+    assert "process_dataloader" not in vars(trainer.strategy)
+
+
+def test_keys_are_logged_at_the_global_step(tmp_path: Path) -> None:
+    logger = RecordingLogger()
+    model = pm.PipelineModel(pm.new_truth(), workers=0)
+    profiler = DataPipelineProfiler(
+        probe="start", probe_batches=2, model_steps=2, log_every_n_steps=2
+    )
+    _fit(tmp_path, model, profiler, logger=logger)
+    steps = [step for step, m in logger.calls if "data/fetch_ms" in m]
+    assert steps == [2, 4, 6]
+    keys = set().union(*(m for _, m in logger.calls))
+    assert {
+        "data/fetch_ms",
+        "data/collate_ms",
+        "data/stage/decode_ms",
+        "data/worker_busy_fraction",
+        "data/loader_ceiling_samples_per_sec",
+        "data/model_ceiling_samples_per_sec",
+    } <= keys
+    ceiling_steps = [s for s, m in logger.calls if "data/loader_ceiling_samples_per_sec" in m]
+    assert ceiling_steps == [0]
+
+
+def test_probes_leave_state_bit_identical(tmp_path: Path) -> None:
+    class Watch(Callback):
+        def __init__(self) -> None:
+            self.states: list[Any] = []
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.states.append(
+                (
+                    [p.detach().clone() for p in pl_module.parameters()],
+                    pickle.dumps(trainer.optimizers[0].state_dict()),
+                    torch.get_rng_state().clone(),
+                )
+            )
+
+    before, after = Watch(), Watch()
+    profiler = DataPipelineProfiler(probe="start", probe_batches=2, model_steps=3)
+    model = pm.PipelineModel(pm.new_truth(), workers=0)
+    _fit(tmp_path, model, profiler, max_steps=1, callbacks=[before, profiler, after])
+    (p0, o0, r0), (p1, o1, r1) = before.states[0], after.states[0]
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1, strict=True))
+    assert o0 == o1
+    assert torch.equal(r0, r1)
+    assert profiler.model_ceiling is not None
+
+
+def test_verdict_and_findings(tmp_path: Path) -> None:
+    model = pm.PipelineModel(pm.new_truth(), workers=0)
+    profiler = DataPipelineProfiler(probe="start", probe_batches=2, model_steps=2)
+    _fit(tmp_path, model, profiler)
+    findings = {f.id: f for f in profiler.doctor_findings()}
+    assert "decode" in findings["data-pipeline"].message
+    bound = findings["data-bound"]
+    assert bound.message.startswith("data-bound: the loader delivers")
+    assert bound.figures["workers_needed"] >= 2
+    assert profiler.doctor_figures()["verdict"] == bound.message
+
+
+def test_verdict_reaches_the_wandb_summary(tmp_path: Path, wandb_offline: Any) -> None:
+    import wandb
+    from pytorch_lightning.loggers import WandbLogger
+
+    logger = WandbLogger(project="data", save_dir=str(wandb_offline.dir), offline=True)
+    profiler = DataPipelineProfiler(probe="start", probe_batches=2, model_steps=2)
+    _fit(tmp_path, pm.PipelineModel(pm.new_truth()), profiler, logger=logger)
+    wandb.finish()
+    run = wandb_offline.only_run(timeout=60)
+    assert run.summary["data/verdict"].startswith("data-bound")
+    assert run.summary["data/loader_ceiling_samples_per_sec"] == pytest.approx(
+        profiler.loader_ceiling
+    )
+    assert "data/model_ceiling_samples_per_sec" in run.summary
+    assert "data/fetch_ms" in set(run.keys())
+
+
+def test_registered_with_the_doctor_and_picklable() -> None:
+    names = {d.name: d for d in registered_diagnostics()}
+    assert names["data"].callback_type is DataPipelineProfiler
+    profiler = pickle.loads(pickle.dumps(DataPipelineProfiler()))
+    assert profiler.probe == "start"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"probe": "end"}, ValueError),
+        ({"probe_batches": 0}, ValueError),
+        ({"model_steps": True}, ValueError),
+        ({"log_every_n_steps": -1}, ValueError),
+        ({"prefix": 3}, TypeError),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        DataPipelineProfiler(**kwargs)
