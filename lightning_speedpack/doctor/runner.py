@@ -55,7 +55,6 @@ TOOLS = (
     "lightning_speedpack.batch_size.callback",
     "lightning_speedpack.advisor.callback",
     "lightning_speedpack.timeline.callback",
-    "lightning_speedpack.data.profiler",
 )
 
 
