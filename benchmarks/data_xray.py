@@ -1,12 +1,12 @@
 """Cost of the data-pipeline X-ray: the profiler on the small CNN with 2 workers, and a stage.
 
-Run: ``.venv/bin/python benchmarks/data_xray.py [repeats]``. Variants alternate in one
+Run: ``.venv/bin/python benchmarks/data_xray.py [--quick] [--repeats N]``. Variants alternate in one
 process; medians and their ratio are printed (the machine is shared: only ratios count).
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import timeit
 from typing import Any
 
@@ -24,7 +24,7 @@ class WorkerCNN(SmallCNN):
         )
 
 
-def main(repeats: int = 5) -> None:
+def main(repeats: int = 5, epochs: int = 2) -> None:
     noop = stage("decode")
 
     def with_stage() -> None:
@@ -38,7 +38,7 @@ def main(repeats: int = 5) -> None:
         ["variant", "ns per call"],
         [["with stage('decode'): pass", per_call * 1e9]],
     )
-    kwargs = {"max_epochs": 2}
+    kwargs = {"max_epochs": epochs}
     medians = alternate(
         {
             "plain": lambda: fit_seconds(lambda: WorkerCNN(n=1024), **kwargs),
@@ -51,11 +51,16 @@ def main(repeats: int = 5) -> None:
         repeats=repeats,
     )
     print_table(
-        "DataPipelineProfiler cost: SmallCNN, 2 persistent workers, 2 epochs of 32 batches",
+        f"DataPipelineProfiler cost: SmallCNN, 2 persistent workers, {epochs} epochs of 32 "
+        f"batches, medians of {repeats} alternating fits",
         ["variant", "median fit s", "ratio"],
         [[k, v, v / medians["plain"]] for k, v in medians.items()],
     )
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="3 repeats of 1 epoch (< 60 s)")
+    parser.add_argument("--repeats", type=int, default=None, help="alternating fits per variant")
+    args = parser.parse_args()
+    main(args.repeats or (3 if args.quick else 7), epochs=1 if args.quick else 3)

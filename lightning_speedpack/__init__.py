@@ -42,7 +42,14 @@ if TYPE_CHECKING:
     from lightning_speedpack.advisor import AdvisorFinding, DeviceInfo, SpeedAdvisor
     from lightning_speedpack.batch_size import BatchSizeTuner, BatchSizeTuningError
     from lightning_speedpack.core.findings import Finding
-    from lightning_speedpack.data import CacheBudgetWarning, CachedDataset, CachedStream, CacheInfo
+    from lightning_speedpack.data import (
+        CacheBudgetWarning,
+        CachedDataset,
+        CachedStream,
+        CacheInfo,
+        DataPipelineProfiler,
+        stage,
+    )
     from lightning_speedpack.retention import (
         LossRetentionDetector,
         RetainedGraph,
@@ -63,6 +70,7 @@ _ROOMS = {
     "CacheInfo": "data",
     "CachedDataset": "data",
     "CachedStream": "data",
+    "DataPipelineProfiler": "data",
     "DDPSpeedpackStrategy": "strategies",
     "DeviceInfo": "advisor",
     "Finding": "core.findings",
@@ -76,6 +84,7 @@ _ROOMS = {
     "SyncPointError": "sync_points",
     "SyncPointWarnings": "sync_points",
     "ThroughputLogger": "throughput",
+    "stage": "data",
 }
 
 __all__ = [
@@ -87,6 +96,7 @@ __all__ = [
     "CachedDataset",
     "CachedStream",
     "DDPSpeedpackStrategy",
+    "DataPipelineProfiler",
     "DeviceInfo",
     "Finding",
     "LossRetentionDetector",
@@ -100,6 +110,7 @@ __all__ = [
     "SyncPointWarnings",
     "ThroughputLogger",
     "__version__",
+    "stage",
 ]
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: offline W&B in a temp folder, and a guard that no global state leaks."""
+"""Shared fixtures: offline W&B in a temp folder, the environment put back after each test, and
+no process left alive by a test."""
 
 from __future__ import annotations
 
@@ -72,3 +73,18 @@ def _restore_environment() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """Every process a test started (a DataLoader worker, an ``mp.Process``, a rank, a script)
+    is gone when the test ends, however it ends (a pytest-timeout included): whatever is still
+    alive after a short grace is dumped (every thread's Python stack), killed, and fails the
+    test with the stacks, so nothing is orphaned and a hang says where it was."""
+    from tests.helpers.procs import own_children, reap_children
+
+    before = set(own_children())
+    yield
+    report = reap_children(before)
+    if report:
+        pytest.fail(report, pytrace=False)

@@ -59,6 +59,7 @@ def test_every_public_callback_is_in_the_contract() -> None:
     # Pinned by name: a callback that stops being exported (or a new one) changes this list.
     assert [cls.__name__ for cls in EXPORTED_CALLBACKS] == [
         "BatchSizeTuner",
+        "DataPipelineProfiler",
         "LossRetentionDetector",
         "SpeedAdvisor",
         "StepTimeline",
@@ -172,6 +173,9 @@ def test_a_checkpoint_written_under_one_namespace_resumes_under_the_other(
 
 @each_namespace
 @each_callback
+# The data profiler's model-ceiling probe runs `training_step` too, meets the planted error
+# first, and says so in a warning (a probe never ends the fit); the fit then raises it itself.
+@pytest.mark.filterwarnings("ignore:DataPipelineProfiler. the model ceiling was not measured")
 def test_no_global_state_after_an_exception_mid_fit(
     cls: type[Any], ns: Namespace, tmp_path: Path
 ) -> None:

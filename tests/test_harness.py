@@ -14,7 +14,7 @@ from pytorch_lightning.loggers import WandbLogger
 
 from tests.helpers.ddp import DDPRunError, DDPTimeout, run_ddp
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
-from tests.helpers.procs import ProcessTimeout, run_in_session
+from tests.helpers.procs import ProcessTimeout, own_children, reap_children, run_in_session
 
 # A child that forks two grandchildren -- one stays in the session, one leaves it with setsid
 # (as torchrun's ranks do) -- prints their pids, and all three sleep forever.
@@ -125,6 +125,26 @@ def test_what_a_finished_command_leaves_running_is_killed_and_listed(tmp_path: P
     assert len(proc.leftovers) == 2  # both grandchildren, the escaped one too
     assert {int(line.split()[1]) for line in proc.leftovers} == set(pids[1:]), proc.leftovers
     assert _alive(pids) == []
+
+
+def _stray_worker_sleeping() -> None:
+    import time
+
+    time.sleep(600)
+
+
+def test_a_process_a_test_leaves_behind_is_reported_with_its_stack_and_killed() -> None:
+    # What the autouse fixture in conftest.py does after every test.
+    import multiprocessing as mp
+
+    before = set(own_children())
+    stray = mp.get_context("fork").Process(target=_stray_worker_sleeping, daemon=False)
+    stray.start()
+    report = reap_children(before, grace=0.5)
+    assert _alive([stray.pid]) == []  # killed and reaped, not orphaned
+    assert f"pid {stray.pid} " in report
+    assert "_stray_worker_sleeping (" in report  # its stack, as py-spy printed it
+    assert reap_children(before, grace=0.1) == ""  # nothing left the second time
 
 
 def test_wandb_reader_reads_the_run_files(wandb_offline, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

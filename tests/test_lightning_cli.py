@@ -13,8 +13,10 @@ import pytest
 import lightning_speedpack
 from lightning_speedpack import (
     BatchSizeTuner,
+    DataPipelineProfiler,
     LossRetentionDetector,
     SpeedAdvisor,
+    StepTimeline,
     SyncPointWarnings,
     ThroughputLogger,
 )
@@ -70,6 +72,18 @@ CALLBACKS = """\
         apply: []
         data_wait_threshold: 0.5
         verbose: false
+    - class_path: lightning_speedpack.StepTimeline
+      init_args:
+        nvtx: auto
+        trace_steps: [1, 2]
+        trace_dir: {root}/traces
+        log_every_n_steps: 1
+    - class_path: lightning_speedpack.DataPipelineProfiler
+      init_args:
+        probe: start
+        probe_batches: 2
+        model_steps: 1
+        log_every_n_steps: 1
 """
 
 
@@ -102,7 +116,7 @@ def _pack_callbacks(trainer: Any) -> dict[str, Any]:
 
 @each_namespace
 def test_every_callback_is_configurable_from_yaml(ns: Namespace, tmp_path: Path) -> None:
-    config = _config(tmp_path, TRAINER.format(root=tmp_path) + CALLBACKS)
+    config = _config(tmp_path, (TRAINER + CALLBACKS).format(root=tmp_path))
     cli = _cli(ns, tmp_path, ["--config", str(config)], run=False)
     assert isinstance(cli.trainer, ns.Trainer)
     found = _pack_callbacks(cli.trainer)
@@ -110,8 +124,10 @@ def test_every_callback_is_configurable_from_yaml(ns: Namespace, tmp_path: Path)
         c.__name__
         for c in (
             BatchSizeTuner,
+            DataPipelineProfiler,
             LossRetentionDetector,
             SpeedAdvisor,
+            StepTimeline,
             SyncPointWarnings,
             ThroughputLogger,
         )
@@ -133,17 +149,25 @@ def test_every_callback_is_configurable_from_yaml(ns: Namespace, tmp_path: Path)
     )
     advisor = found["SpeedAdvisor"]
     assert (advisor.measure_steps, advisor.data_wait_threshold) == (2, 0.5)
+    timeline = found["StepTimeline"]
+    assert timeline.trace_steps == (1, 2)
+    assert Path(timeline.trace_dir) == tmp_path / "traces"
+    profiler = found["DataPipelineProfiler"]
+    assert (profiler.probe, profiler.probe_batches, profiler.model_steps) == ("start", 2, 1)
 
 
 @each_namespace
 def test_a_yaml_config_with_the_packs_callbacks_fits(ns: Namespace, tmp_path: Path) -> None:
-    config = _config(tmp_path, TRAINER.format(root=tmp_path) + CALLBACKS)
+    config = _config(tmp_path, (TRAINER + CALLBACKS).format(root=tmp_path))
     cli = _cli(ns, tmp_path, ["fit", "--config", str(config), "--trainer.max_steps", "2"])
     assert cli.trainer.global_step == 2
     found = _pack_callbacks(cli.trainer)
     assert found["ThroughputLogger"].doctor_figures()["samples_per_sec"] > 0
     assert found["BatchSizeTuner"].trials  # the dry run tried sizes, kept the batch size
     assert cli.model.batch_size == 8
+    assert found["DataPipelineProfiler"].loader_ceiling is not None  # its probe ran
+    traces = list((tmp_path / "traces").glob("*.json"))
+    assert len(traces) == 1  # StepTimeline's trace window (steps 1..2) was written
 
 
 @each_namespace

@@ -29,11 +29,6 @@ from tests.helpers.namespaces import NAMESPACE_IDS, Namespace, each_namespace
 from tests.helpers.wandb_files import read_table, table_keys
 
 PLANTED = "# planted: a host-device sync"
-RETENTION_WIRED = hasattr(LossRetentionDetector, "log_tables")
-NOT_WIRED = (
-    "LossRetentionDetector has no log_tables() yet: the speedpack/retained_graphs wiring "
-    "(issue 15) is not applied to lightning_speedpack/retention/callback.py"
-)
 STEPS = 6
 
 Rows = list[dict[str, str]]
@@ -161,10 +156,20 @@ def _check_planted(tables: dict[str, Rows], summary: dict[str, Any], tuner: Batc
         assert summary[f"speedpack/findings/{severity}"] == sum(
             r["severity"] == severity for r in tables["speedpack/findings"]
         )
-    if RETENTION_WIRED:
-        (held,) = tables["speedpack/retained_graphs"]
-        assert held["path"] == "model.losses"
-        assert held["backpropagated"] == "True"
+    # retained graphs: the planted holder, one row
+    (held,) = tables["speedpack/retained_graphs"]
+    _check_holder(held)
+    assert int(held["count"]) <= summary["speedpack/retained_graphs/count"]
+
+
+def _check_holder(held: dict[str, str]) -> None:
+    """The planted ``self.losses.append(loss)``: back-propagated graphs, one per earlier step."""
+    assert held["path"] == "model.losses"
+    assert held["backpropagated"] == "True"
+    assert 2 <= int(held["count"]) < STEPS
+    assert 0 <= int(held["step_first_seen"]) < STEPS
+    assert int(held["est_bytes"]) >= 0
+    assert held["example_grad_fn"] == "MseLossBackward0"
 
 
 @each_namespace
@@ -187,7 +192,8 @@ def test_wandb_and_csv_runs_hold_every_table_with_the_planted_problems(
         "speedpack/batch_size_trials",
         "speedpack/findings",
         "speedpack/batch_size_trials_chart_table",
-    } | ({"speedpack/retained_graphs"} if RETENTION_WIRED else set())
+        "speedpack/retained_graphs",
+    }
     assert expected <= table_keys(run)
     for key in expected:  # the summary still points at each table (no field overwrote it)
         assert run.summary[f"{key}/_type"] == "table-file", key
@@ -206,17 +212,19 @@ def test_wandb_and_csv_runs_hold_every_table_with_the_planted_problems(
     _check_planted(tables, json.loads((log_dir / SUMMARY_FILE).read_text()), tuner)
 
 
-@pytest.mark.skipif(not RETENTION_WIRED, reason=NOT_WIRED)
 @each_namespace
 def test_retained_graphs_table_names_the_holder(ns: Namespace, tmp_path: Path) -> None:
     csv_logger = ns.sub("loggers").CSVLogger(tmp_path / "csv")
     _fit(ns, tmp_path, [csv_logger], [LossRetentionDetector(mode="warn")])
-    (held,) = _csv_tables(Path(csv_logger.log_dir))["speedpack/retained_graphs"]
-    assert held["path"] == "model.losses"
-    assert held["backpropagated"] == "True"
-    assert int(held["count"]) >= 2
-    assert int(held["est_bytes"]) >= 0
-    assert held["example_grad_fn"] == "MseLossBackward0"
+    log_dir = Path(csv_logger.log_dir)
+    (held,) = _csv_tables(log_dir)["speedpack/retained_graphs"]
+    _check_holder(held)
+    summary = json.loads((log_dir / SUMMARY_FILE).read_text())
+    assert summary["speedpack/retained_graphs/count"] >= int(held["count"])
+    # the only pack callback on the Trainer: it also logs the run's findings
+    (finding,) = _csv_tables(log_dir)["speedpack/findings"]
+    assert (finding["id"], finding["location"]) == ("retained-graph", "model.losses")
+    assert summary["speedpack/findings/warning"] == 1
 
 
 @each_namespace

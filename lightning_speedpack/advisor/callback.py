@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from lightning_speedpack.advisor import rules as _advice
 from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
+from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_info
 from lightning_speedpack.core.registry import register_diagnostic
@@ -209,10 +210,13 @@ class SpeedAdvisor(Callback):
         self._cudnn_before: bool | None = None
         self._patched_module: pl.LightningModule | None = None
         self._handles: list[RemovableHandle] = []
+        self._measured: events.DataVerdict | None = None  # from the data profiler, if it ran
+        self._verdicts: events.Subscription | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = []  # hook handles and the module belong to a running fit only
+        state["_verdicts"] = None  # so does the subscription to the data profiler's verdict
         state["_patched_module"] = None
         for bound in ("log", "log_dict"):  # Lightning binds the module's methods onto callbacks
             state.pop(bound, None)
@@ -227,6 +231,7 @@ class SpeedAdvisor(Callback):
         self._reset()
         self.findings, self.skipped, self.applied = [], {}, []
         self.measured_steps, self.data_wait_fraction = 0, None
+        self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_verdict)
         if "channels_last" in self.apply:
             pl_module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             self._announce("channels_last", "model converted to torch.channels_last (not undone)")
@@ -380,8 +385,16 @@ class SpeedAdvisor(Callback):
     ) -> None:
         self._restore()
 
+    def _on_verdict(self, verdict: events.DataVerdict) -> None:
+        self._measured = verdict
+        if self._reported:  # measured after the report (the profiler ran late): amend it
+            self.findings = _advice.with_measured_workers(self.findings, verdict)
+
     def _restore(self) -> None:
         self._measuring = False
+        if self._verdicts is not None:
+            self._verdicts.close()
+            self._verdicts = None
         if self._cudnn_before is not None:
             torch.backends.cudnn.benchmark = self._cudnn_before
             self._cudnn_before = None
@@ -409,6 +422,7 @@ class SpeedAdvisor(Callback):
         )
         found += _advice.check_zero_grad(self._stale_param, self._stale_step)
         found += _advice.check_eval_grad(self._eval_grad)
+        found = _advice.with_measured_workers(found, self._measured)
         self.findings = sorted(found, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
         self._remove_hooks()
         if self.verbose and trainer.is_global_zero:

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_speedpack.advisor.dims import find_unaligned_dims, round_up
+from lightning_speedpack.core.events import DataVerdict
 from lightning_speedpack.core.findings import Finding, Severity
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "check_zero_grad",
     "gpu_skip_reason",
     "has_conv",
+    "with_measured_workers",
 ]
 
 FINDING_IDS = (
@@ -246,6 +248,54 @@ def check_dataloader_workers(
             )
         ]
     return []
+
+
+def with_measured_workers(
+    found: list[AdvisorFinding], measured: DataVerdict | None, where: str = "train_dataloader"
+) -> list[AdvisorFinding]:
+    """``dataloader-workers`` with the number of workers a measurement asked for.
+
+    When the data profiler measured the run as data-bound (its loader and model ceilings),
+    the rule-of-thumb worker count of the ``dataloader-workers`` finding gives way to the
+    measured one; a data-bound run with no such finding gets one. Any other verdict leaves
+    ``found`` as it is.
+
+    Example:
+        >>> v = DataVerdict("data", 300.0, 2400.0, workers_needed=6,
+        ...                 per_worker_samples_per_sec=400.0, num_workers=0)
+        >>> [f.fix for f in with_measured_workers([], v)]  # doctest: +NORMALIZE_WHITESPACE
+        ['DataLoader(num_workers=6, persistent_workers=True): measured, one loading process
+          delivers 400 samples/s and the model consumes 2,400']
+    """
+    if measured is None or measured.bound != "data" or not measured.workers_needed:
+        return found
+    per_worker = measured.per_worker_samples_per_sec or 0.0
+    model = measured.model_samples_per_sec or 0.0
+    fix = (
+        f"DataLoader(num_workers={measured.workers_needed}, persistent_workers=True): measured, "
+        f"one loading process delivers {per_worker:,.0f} samples/s and the model consumes "
+        f"{model:,.0f}"
+    )
+    figures = {
+        "num_workers": measured.num_workers,
+        "workers_needed": measured.workers_needed,
+        "per_worker_samples_per_sec": per_worker,
+        "loader_ceiling_samples_per_sec": measured.loader_samples_per_sec,
+        "model_ceiling_samples_per_sec": model,
+    }
+    kept = [f for f in found if f.id != "dataloader-workers"]
+    old = next((f for f in found if f.id == "dataloader-workers"), None)
+    measured_finding = AdvisorFinding(
+        "dataloader-workers",
+        "warning",
+        "the loader cannot feed the model: more worker processes would close the gap",
+        f"loader {measured.loader_samples_per_sec or 0.0:,.0f} samples/s with "
+        f"num_workers={measured.num_workers}, model {model:,.0f} samples/s",
+        fix,
+        location=old.location if old is not None else where,
+        figures={**(old.figures if old is not None else {}), **figures},
+    )
+    return [measured_finding, *kept]
 
 
 def check_pin_memory(loader: LoaderSettings, device: DeviceInfo) -> list[AdvisorFinding]:

@@ -8,6 +8,9 @@ sync-point detector publishes every host-device sync it records (:data:`SYNC_POI
 Publishing costs one dict lookup when nobody listens; a publisher that has to do work to build
 its message asks :func:`has_subscribers` first. Listeners run synchronously, on the
 publisher's thread, in subscription order; an exception in a listener reaches the publisher.
+The second use: the data profiler publishes its measured verdict (:data:`DATA_VERDICT`, a
+:class:`DataVerdict`), and the advisor's ``dataloader-workers`` finding carries the measured
+number of workers instead of a rule of thumb.
 This module imports nothing but the standard library.
 """
 
@@ -19,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DATA_VERDICT",
     "SYNC_POINT",
+    "DataVerdict",
     "Subscription",
     "SyncPoint",
     "has_subscribers",
@@ -30,6 +35,9 @@ __all__ = [
 
 #: Topic of :class:`SyncPoint` messages: one per host-device sync a detector records.
 SYNC_POINT = "sync_point"
+
+#: Topic of :class:`DataVerdict` messages: one per fit whose data ceilings were measured.
+DATA_VERDICT = "data_verdict"
 
 Listener = Callable[[Any], None]
 
@@ -53,6 +61,28 @@ class SyncPoint:
     location: str
     origin: str = "user"
     step: int = 0
+
+
+@dataclass(frozen=True)
+class DataVerdict:
+    """The measured data/model ceilings of a fit, as published on :data:`DATA_VERDICT`.
+
+    Attributes:
+        bound: ``"data"``, ``"model"`` or ``"unknown"``.
+        loader_samples_per_sec: the training loader alone.
+        model_samples_per_sec: training steps on a batch already in memory.
+        workers_needed: DataLoader workers that would feed the model at the measured
+            per-worker rate (None when not estimated).
+        per_worker_samples_per_sec: what one loading process delivered.
+        num_workers: the loader's ``num_workers`` when it was measured.
+    """
+
+    bound: str
+    loader_samples_per_sec: float | None
+    model_samples_per_sec: float | None
+    workers_needed: int | None = None
+    per_worker_samples_per_sec: float | None = None
+    num_workers: int = 0
 
 
 class Subscription:

@@ -1,6 +1,8 @@
-"""CachedDataset: decode once, keep one shared copy per node (imports torch, not Lightning).
+"""The data tool: CachedDataset (decode once, one shared copy per node) and the data X-ray.
 
-Names load on first use (PEP 562), so ``speedpack cache`` and :func:`node_id` import no torch.
+Names load on first use (PEP 562), so ``speedpack cache`` and :func:`node_id` import no torch,
+and the cache and :func:`stage` (what a spawned DataLoader worker unpickles) import torch but
+not Lightning; only :class:`DataPipelineProfiler`, a callback, imports Lightning.
 """
 
 from __future__ import annotations
@@ -15,16 +17,28 @@ if TYPE_CHECKING:
         CacheInfo,
     )
     from lightning_speedpack.data.node import node_id
+    from lightning_speedpack.data.profiler import DataPipelineProfiler
+    from lightning_speedpack.data.stages import stage
     from lightning_speedpack.data.stream import CachedStream
 
-__all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset", "CachedStream", "node_id"]
+__all__ = [
+    "CacheBudgetWarning",
+    "CacheInfo",
+    "CachedDataset",
+    "CachedStream",
+    "DataPipelineProfiler",
+    "node_id",
+    "stage",
+]
 
 _WHERE = {
     "CacheBudgetWarning": "cached_dataset",
     "CacheInfo": "cached_dataset",
     "CachedDataset": "cached_dataset",
     "CachedStream": "stream",
+    "DataPipelineProfiler": "profiler",
     "node_id": "node",
+    "stage": "stages",
 }
 
 

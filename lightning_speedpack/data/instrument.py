@@ -101,12 +101,15 @@ def timed_dataset_class(base: type) -> type:
     if is_stream and getattr(base, "__iter__", None) is not None:
         base_iter = base.__iter__  # type: ignore[attr-defined]
 
+        @functools.wraps(base_iter)
         def __iter__(self: Any) -> Iterator[Any]:
             return _TimedIterator(iter(base_iter(self)))
 
         ns["__iter__"] = __iter__
     if getitem is not None and not is_stream:
-
+        # `wraps` sets `__wrapped__`: whatever locates the user's `__getitem__` (the doctor's
+        # data-wait finding) unwraps to the user's own code, not to this file.
+        @functools.wraps(getitem)
         def __getitem__(self: Any, index: Any) -> Any:
             rec = _stages._ACTIVE
             if rec is None:
@@ -119,6 +122,7 @@ def timed_dataset_class(base: type) -> type:
         ns["__getitem__"] = __getitem__
     if getitems is not None and not is_stream:
 
+        @functools.wraps(getitems)
         def __getitems__(self: Any, indices: list[Any]) -> Any:
             rec = _stages._ACTIVE
             if rec is None:

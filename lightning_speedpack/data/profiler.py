@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
+from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import (
     Callback,
@@ -16,6 +17,7 @@ from lightning_speedpack.core.lightning import (
     rank_zero_info,
     rank_zero_warn,
 )
+from lightning_speedpack.core.locations import user_code_location
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.data import stages as _stages
 from lightning_speedpack.data.ceilings import Verdict, loader_ceiling, verdict
@@ -380,6 +382,18 @@ class DataPipelineProfiler(Callback):
             self.loader_ceiling, self.model_ceiling, during.per_process_samples_per_sec()
         )
         rank_zero_info(f"DataPipelineProfiler: {self.verdict.message}")
+        v = self.verdict
+        events.publish(
+            events.DATA_VERDICT,
+            events.DataVerdict(
+                v.bound,
+                v.loader_samples_per_sec,
+                v.model_samples_per_sec,
+                v.workers_needed,
+                v.per_worker_samples_per_sec,
+                probe.workers,
+            ),
+        )
         if trainer.is_global_zero:
             metrics = {
                 f"{self.prefix}loader_ceiling_samples_per_sec": self.loader_ceiling,
@@ -472,21 +486,11 @@ def _torch_loaders(loaders: Any) -> list[Any]:
 
 
 def _fetch_location(dataset: Any) -> str | None:
-    import inspect
-    from pathlib import Path
-
     cls = untimed_class(type(dataset))
     for name in ("__getitems__", "__getitem__", "__iter__"):
-        fn = getattr(cls, name, None)
-        if not inspect.isfunction(fn):
-            continue
-        try:
-            source = inspect.getsourcefile(fn)
-            line = inspect.getsourcelines(fn)[1]
-        except (OSError, TypeError):
-            continue
-        if source and "site-packages" not in Path(source).parts:
-            return f"{Path(source).name}:{line}"
+        location = user_code_location(getattr(cls, name, None))
+        if location is not None:
+            return location
     return None
 
 

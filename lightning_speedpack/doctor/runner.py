@@ -55,6 +55,7 @@ TOOLS = (
     "lightning_speedpack.batch_size.callback",
     "lightning_speedpack.advisor.callback",
     "lightning_speedpack.timeline.callback",
+    "lightning_speedpack.data.profiler",
 )
 
 

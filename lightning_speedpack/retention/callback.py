@@ -15,13 +15,16 @@ from typing_extensions import override
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
 from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.retention import holders as retention
 from lightning_speedpack.retention.report import (
     EXTRA_PATH,
+    TABLE,
     RetainedGraph,
     RetainedGraphError,
     RetainedGraphWarning,
     doctor_finding,
+    table_rows,
 )
 from lightning_speedpack.retention.roots import WalkRoots
 
@@ -73,8 +76,26 @@ class LossRetentionDetector(Callback):
     least 1 MiB of activations; so a "last loss" attribute or a small constant computed once
     is not, and neither are graphs kept within the step they were made in.
 
-    Rank policy: runs on every rank; warnings print on rank 0 only; in ``mode="error"`` each
-    rank raises on its own (leaks come from code, so all ranks find the same one).
+    At the end of fit (once, rank 0, through the Trainer's loggers; see
+    :mod:`lightning_speedpack.core.tables` for what W&B, CSV and TensorBoard get):
+
+    ===================================  ==================================================
+    key                                  what
+    ===================================  ==================================================
+    ``speedpack/retained_graphs``        table, one row per holder in :attr:`findings`:
+                                         ``path``, ``step_first_seen``, ``count``,
+                                         ``backpropagated``, ``est_bytes``,
+                                         ``example_grad_fn`` (no rows in a clean run)
+    ``speedpack/retained_graphs/count``  summary: distinct retained graph tensors found at
+                                         the last check
+    ===================================  ==================================================
+
+    When it is the last of the pack's callbacks on the Trainer it also logs
+    ``speedpack/findings`` (every pack callback's findings) and their counts.
+
+    Rank policy: runs on every rank; warnings print and the table and summary field are
+    logged on rank 0 only; in ``mode="error"`` each rank raises on its own (leaks come from
+    code, so all ranks find the same one).
 
     GPU: the CUDA memory-growth trigger (``torch.cuda.memory_allocated``, no synchronisation)
     was only exercised on the CPU through injection.
@@ -231,6 +252,10 @@ class LossRetentionDetector(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._batch >= 0 and self._last_deep_scan != self._batch:
             self._check(trainer, pl_module, self._batch, deep=self._final_affordable(), fresh=True)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log_fit_end(trainer, self)
 
     # ------------------------------------------------------------------ checks
 
@@ -447,6 +472,16 @@ class LossRetentionDetector(Callback):
     def doctor_figures(self) -> dict[str, Any]:
         """``{"retained_graphs": distinct retained graph tensors found at the last check}``."""
         return {"retained_graphs": self._retained_graphs}
+
+    def log_tables(self, trainer: pl.Trainer) -> None:
+        """Log ``speedpack/retained_graphs`` and ``speedpack/retained_graphs/count`` (rank 0).
+
+        Called once at the end of fit (see :func:`~lightning_speedpack.core.tables.log_fit_end`);
+        every value was counted on the host during the checks, so nothing touches a device.
+        """
+        log_table(trainer, TABLE, TABLES[TABLE], table_rows(self.findings))
+        # "/count": in W&B the table's name is its summary key, which a number must not replace
+        log_summary(trainer, {f"{TABLE}/count": self._retained_graphs})
 
     def as_dicts(self) -> list[dict[str, Any]]:
         """The findings as plain dicts (for logging or JSON)."""

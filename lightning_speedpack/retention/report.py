@@ -1,22 +1,29 @@
-"""What LossRetentionDetector reports: one :class:`RetainedGraph` per holder, and its wording."""
+"""What LossRetentionDetector reports: one :class:`RetainedGraph` per holder, worded and as rows."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.tables import Cell
 
 __all__ = [
     "EXTRA_PATH",
+    "TABLE",
     "RetainedGraph",
     "RetainedGraphError",
     "RetainedGraphWarning",
     "doctor_finding",
+    "table_rows",
 ]
 
 EXTRA_PATH = "training_step()"
 """The path prefix of a graph-carrying key returned from ``training_step``."""
+
+TABLE = "speedpack/retained_graphs"
+"""The run table of the holders (columns in :data:`~lightning_speedpack.core.tables.TABLES`)."""
 
 
 class RetainedGraphError(RuntimeError):
@@ -127,3 +134,19 @@ def doctor_finding(f: RetainedGraph) -> Finding:
         severity=f.severity,
         fix="Return `.detach()`ed values for every key but 'loss'." if returned else f.fix(),
     )
+
+
+def table_rows(findings: Iterable[RetainedGraph]) -> list[list[Cell]]:
+    """Rows of the ``speedpack/retained_graphs`` table: one per holder, columns as ``TABLES`` fixes.
+
+    Every cell is a plain Python value (counts from ``len``, bytes from storage sizes): logging
+    them reads nothing from a device.
+
+    Example:
+        >>> table_rows([RetainedGraph("model.losses", 1, 5, True, 0, "MeanBackward0")])
+        [['model.losses', 1, 5, True, 0, 'MeanBackward0']]
+    """
+    return [
+        [f.path, f.step_first_seen, f.count, f.backpropagated, f.est_bytes, f.example_grad_fn]
+        for f in findings
+    ]

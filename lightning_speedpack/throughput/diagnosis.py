@@ -8,12 +8,11 @@ the logger's own bookkeeping.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.locations import user_code_location
 
 __all__ = ["DATA_WAIT_THRESHOLD", "data_wait_findings", "getitem_location"]
 
@@ -68,19 +67,5 @@ def getitem_location(getitem: Any) -> str | None:
         >>> from torch.utils.data import TensorDataset
         >>> getitem_location(TensorDataset.__getitem__) is None  # torch's, not the user's
         True
-        >>> getitem_location(list.__getitem__) is None  # not Python code
-        True
     """
-    if not inspect.isfunction(getitem):
-        return None
-    try:
-        source = inspect.getsourcefile(getitem)
-        line = inspect.getsourcelines(getitem)[1] if source else None
-    except (OSError, TypeError):
-        return None
-    if source is None or line is None:
-        return None
-    parts = Path(source).parts
-    if "site-packages" in parts or "torch" in parts:
-        return None
-    return f"{Path(source).name}:{line}"
+    return user_code_location(getitem)

@@ -396,3 +396,38 @@ def test_csv_logger_gets_the_advisor_table_and_counts(ns: Namespace, tmp_path: P
     assert summary["speedpack/advisor/data_wait_fraction"] == round(
         advisor.data_wait_fraction or 0.0, 4
     )
+
+
+# --- the measured worker count, from the data profiler --------------------------------------
+
+
+@pytest.mark.parametrize("advisor_first", [True, False], ids=["advisor-first", "profiler-first"])
+def test_dataloader_workers_carries_the_measured_worker_count(
+    tmp_path: Path, advisor_first: bool
+) -> None:
+    from lightning_speedpack import DataPipelineProfiler
+
+    advisor = advisor_(measure_steps=2)
+    profiler = DataPipelineProfiler(probe="start", probe_batches=3, model_steps=2)
+    callbacks: list[Any] = [advisor, profiler] if advisor_first else [profiler, advisor]
+    before = global_state.snapshot()
+    trainer = Trainer(callbacks=callbacks, **quiet_trainer_kwargs(tmp_path, max_steps=4))
+    trainer.fit(Configurable(delay=0.01, n=64))  # 160 ms per batch of 16: data-bound
+    assert global_state.diff(before, global_state.snapshot()) == {}  # unsubscribed after fit
+    assert profiler.verdict is not None
+    assert profiler.verdict.bound == "data"
+    (workers,) = (f for f in advisor.findings if f.id == "dataloader-workers")
+    needed = profiler.verdict.workers_needed
+    assert needed is not None
+    assert needed >= 2
+    assert workers.figures["workers_needed"] == needed
+    assert f"num_workers={needed}," in workers.fix
+    assert "measured" in workers.fix
+
+
+def test_without_the_profiler_the_rule_of_thumb_stays(tmp_path: Path) -> None:
+    advisor = advisor_(measure_steps=2)
+    fit(Configurable(), advisor, tmp_path, max_steps=3)
+    (workers,) = (f for f in advisor.findings if f.id == "dataloader-workers")
+    assert "workers_needed" not in workers.figures
+    assert "measured" not in workers.fix

@@ -8,6 +8,7 @@ from torch import nn
 
 from lightning_speedpack.advisor import rules as _advice
 from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
+from lightning_speedpack.core.events import DataVerdict
 
 CPU = DeviceInfo("cpu")
 A100 = DeviceInfo("cuda", "NVIDIA A100", (8, 0), has_tensor_cores=True)
@@ -225,3 +226,35 @@ def test_to_finding_and_device_info(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert not DeviceInfo("cuda", "", (7, 5), True).supports_bf16
     assert A100.supports_bf16
+
+
+# --- dataloader-workers with a measured verdict (from the data profiler) ---------------------
+
+
+def _measured(bound: str, workers: int | None = 6) -> DataVerdict:
+    return DataVerdict(bound, 300.0, 2400.0, workers, 400.0, num_workers=0)
+
+
+def test_a_measured_data_bound_verdict_replaces_the_rule_of_thumb() -> None:
+    loader = LoaderSettings("train_dataloader", num_workers=0, batch_size=16)
+    (rule,) = _advice.check_dataloader_workers(loader, cpu_cores=2)
+    (measured,) = _advice.with_measured_workers([rule], _measured("data"))
+    assert measured.id == "dataloader-workers"
+    assert measured.location == "train_dataloader"
+    assert "num_workers=6" in measured.fix
+    assert "num_workers=2" in rule.fix  # the rule of thumb (2 cores) it replaced
+    assert measured.figures["workers_needed"] == 6
+    assert measured.figures["per_worker_samples_per_sec"] == 400.0
+
+
+def test_a_data_bound_run_with_workers_gets_the_finding() -> None:
+    other = AdvisorFinding("pin-memory", "warning", "off", "pin_memory=False", "pin it")
+    found = _advice.with_measured_workers([other], _measured("data"))
+    assert [f.id for f in found] == ["dataloader-workers", "pin-memory"]
+
+
+@pytest.mark.parametrize("verdict", [None, _measured("model"), _measured("data", workers=None)])
+def test_other_verdicts_leave_the_findings_alone(verdict: DataVerdict | None) -> None:
+    loader = LoaderSettings("train_dataloader", num_workers=0, batch_size=16)
+    found = _advice.check_dataloader_workers(loader, cpu_cores=2)
+    assert _advice.with_measured_workers(found, verdict) == found

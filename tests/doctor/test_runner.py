@@ -341,6 +341,8 @@ EXPECTED_TWIN_FINDINGS = {
     ("sync_points", "sync-item", "train.py:24"),  # the `.item()` line
     ("loss_retention", "retained-graph", "train.kept"),
     ("throughput", "data-wait", "train.py:12"),  # the `__getitem__` that waits
+    ("data", "data-pipeline", "train.py:12"),  # the stage table, at the same fetch
+    ("data", "data-bound", "train.py:12"),  # the ceilings' verdict
     ("advisor", "dataloader-workers", "train_dataloader"),
     ("advisor", "batch-size-multiple", "train_dataloader"),
 }
@@ -359,9 +361,15 @@ def test_a_lightning_script_gets_the_same_report_as_its_pytorch_lightning_twin(
     found = {(c, i, loc) for c, i, _sev, loc in shapes["L"]["findings"]}
     assert found >= EXPECTED_TWIN_FINDINGS  # the twins agree on a full report, not an empty one
     assert shapes["L"]["runs"] == [(6 * 7, shapes["L"]["runs"][0][1])]
-    assert {"peak_rss_mb", "samples_per_sec", "syncs_per_step", "retained_graphs"} <= set(
-        shapes["L"]["runs"][0][1]
-    )
+    assert {
+        "peak_rss_mb",
+        "samples_per_sec",
+        "syncs_per_step",
+        "retained_graphs",
+        "loader_ceiling_samples_per_sec",
+        "model_ceiling_samples_per_sec",
+        "verdict",
+    } <= set(shapes["L"]["runs"][0][1])
 
 
 @pytest.mark.skipif(len(NAMESPACE_NAMES) < 2, reason="needs both Lightning namespaces")

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from lightning_speedpack.core import events
 from lightning_speedpack.core.lightning import classes
 
 
@@ -32,6 +33,8 @@ def snapshot() -> dict[str, Any]:
             t.name for t in threading.enumerate() if not t.daemon or "speedpack" in t.name
         ),
         "default_dtype": torch.get_default_dtype(),
+        # a tool's subscription to another's observations (core.events) ends with its fit
+        "event_subscribers": events.subscriber_count(),
     }
 
 

@@ -39,7 +39,9 @@ __all__ = [
     "describe",
     "kill_sessions",
     "new_token",
+    "own_children",
     "py_spy",
+    "reap_children",
     "run_in_session",
     "run_together",
     "session_processes",
@@ -185,6 +187,51 @@ def kill_sessions(
                 proc.kill()
         psutil.wait_procs(procs, timeout=5.0)
     return killed
+
+
+#: Children that may outlive a test, shared by the whole pytest session: W&B's service process,
+#: and multiprocessing's resource tracker and forkserver (one each, started on first use).
+SHARED_CHILDREN = ("wandb", "resource_tracker", "forkserver")
+
+
+def own_children() -> dict[int, psutil.Process]:
+    """This process's live descendants (zombies and shared services left out), by pid."""
+    found = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any(name in " ".join(proc.cmdline()) for name in SHARED_CHILDREN):
+                continue
+        except psutil.Error:
+            continue
+        found[proc.pid] = proc
+    return found
+
+
+def reap_children(before: Iterable[int], grace: float = 10.0) -> str:
+    """Kill the descendants that appeared since ``before`` and are alive after ``grace`` s.
+
+    Returns "" when none is left; otherwise a failure message describing each one with the
+    Python stack of every thread it had (taken before the kill).
+    """
+    import gc
+
+    gc.collect()  # a DataLoader iterator in a reference cycle: its workers end with it
+    known = set(before)
+    new = [p for pid, p in own_children().items() if pid not in known]
+    if not new:
+        return ""
+    _, alive = psutil.wait_procs(new, timeout=grace)
+    if not alive:
+        return ""
+    dump = stacks(alive)
+    described = "\n".join(describe(p) for p in alive)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5.0)
+    return f"processes outlived the test (now killed):\n{described}\n{dump}"
 
 
 def new_token() -> str:

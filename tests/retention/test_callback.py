@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import doctest
 import gc
 import importlib
+import json
 import pickle
 import sys
 import textwrap
@@ -20,9 +22,11 @@ import torch
 import torchmetrics
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
+from pytorch_lightning.loggers import CSVLogger
 
 from lightning_speedpack import LossRetentionDetector, RetainedGraphError
 from lightning_speedpack.core.registry import registered_diagnostics
+from lightning_speedpack.core.tables import SUMMARY_FILE, TABLES, csv_file_name
 from lightning_speedpack.doctor.runner import run_script
 from lightning_speedpack.retention import callback as loss_retention
 from lightning_speedpack.retention.callback import RetainedGraphWarning
@@ -402,8 +406,6 @@ def test_no_false_positives(
     tmp_path: Path, factory: Callable[[], LightningModule], kwargs: dict[str, Any]
 ) -> None:
     if kwargs.get("logger"):
-        from pytorch_lightning.loggers import CSVLogger
-
         kwargs = {**kwargs, "logger": CSVLogger(str(tmp_path))}
     detector = LossRetentionDetector(mode="error", deep_scan_every_n_steps=1)
     _fit(factory(), tmp_path, detector=detector, max_steps=6, **kwargs)
@@ -532,6 +534,67 @@ def test_docstring_example_runs() -> None:
         for test in tests:
             runner.run(test)
     assert runner.summarize(verbose=False).failed == 0
+
+
+# ---------------------------------------------------------------- tables in the run
+
+
+def _csv_table(log_dir: Path, name: str) -> list[dict[str, str]]:
+    """A table as the CSV logger wrote it beside ``metrics.csv``; the header must be its columns."""
+    with (log_dir / csv_file_name(name)).open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == TABLES[name]
+        return list(reader)
+
+
+def _csv_fit(
+    model: LightningModule, tmp_path: Path, detector: LossRetentionDetector
+) -> tuple[Path, dict[str, Any]]:
+    logger = CSVLogger(str(tmp_path / "csv"))
+    _fit(model, tmp_path, detector=detector, logger=logger, log_every_n_steps=1)
+    log_dir = Path(logger.log_dir)  # where metrics.csv goes (BoringModel logs no metrics)
+    return log_dir, json.loads((log_dir / SUMMARY_FILE).read_text())
+
+
+def test_csv_logger_gets_one_row_per_holder_and_the_count(tmp_path: Path) -> None:
+    detector = LossRetentionDetector(deep_scan_every_n_steps=2)
+    with pytest.warns(RetainedGraphWarning, match=r"model\.losses"):
+        log_dir, summary = _csv_fit(ListLeak(), tmp_path, detector)
+    (finding,) = detector.findings
+    assert _csv_table(log_dir, "speedpack/retained_graphs") == [
+        {
+            "path": "model.losses",
+            "step_first_seen": "1",
+            "count": "5",
+            "backpropagated": "True",
+            "est_bytes": str(finding.est_bytes),
+            "example_grad_fn": finding.example_grad_fn,
+        }
+    ]
+    assert finding.example_grad_fn.endswith("Backward0")
+    assert summary["speedpack/retained_graphs/count"] == 5
+    # the only pack callback on the Trainer: it also logs every callback's findings
+    (row,) = _csv_table(log_dir, "speedpack/findings")
+    assert (row["component"], row["id"], row["location"]) == (
+        "loss_retention",
+        "retained-graph",
+        "model.losses",
+    )
+    assert summary["speedpack/findings/warning"] == 1
+
+
+def test_csv_logger_gets_an_empty_table_without_a_leak(tmp_path: Path) -> None:
+    # Like SyncPointWarnings: a clean run still logs the table (header only) and a zero count.
+    detector = LossRetentionDetector(mode="error", deep_scan_every_n_steps=2)
+    log_dir, summary = _csv_fit(Clean(), tmp_path, detector)
+    assert _csv_table(log_dir, "speedpack/retained_graphs") == []
+    assert summary["speedpack/retained_graphs/count"] == 0
+    assert _csv_table(log_dir, "speedpack/findings") == []
+
+
+def test_without_a_logger_nothing_is_written(tmp_path: Path) -> None:
+    _fit_warns(ListLeak(), tmp_path)
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("speedpack")]
 
 
 # ---------------------------------------------------------------- DDP and doctor
