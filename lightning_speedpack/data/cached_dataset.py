@@ -324,8 +324,8 @@ class CachedDataset(Dataset[Any]):
             fingerprint.
 
     Raises:
-        TypeError: ``dataset`` is an ``IterableDataset`` or not a map-style dataset, or an
-            argument has the wrong type; a sample of an unsupported type (named, with its index)
+        TypeError: ``dataset`` is neither a map-style dataset nor an ``IterableDataset`` (a
+            stream gets a :class:`~.stream.CachedStream`), or an argument has the wrong type; a sample of an unsupported type (named, with its index)
             on access.
         ValueError: an argument has an invalid value, or ``max_bytes`` exceeds free ``/dev/shm``.
         RuntimeError: ``/dev/shm`` is too small for the default budget.
@@ -436,6 +436,7 @@ class CachedDataset(Dataset[Any]):
         profiling = stages_active()
         t0 = perf_counter() if profiling else 0.0
         samples = arena.get_many(indices, self._len)
+        read = perf_counter() - t0 if profiling else 0.0  # before any miss is decoded
         hits = len(indices)
         for k, sample in enumerate(samples):
             if sample is MISSING:
@@ -443,9 +444,9 @@ class CachedDataset(Dataset[Any]):
                 samples[k] = self._untransformed(indices[k])
         if hits:
             arena.count(hit=True, n=hits)
+            if profiling:
+                record_stage(CACHE_HIT_STAGE, read, hits)
         transform = self.transform
-        if profiling:
-            record_stage(CACHE_HIT_STAGE, perf_counter() - t0, hits)
         if transform is None:
             return samples
         if profiling:

@@ -505,11 +505,39 @@ def test_stages_are_reported_automatically() -> None:
     stages.activate(table, row=0)
     try:
         with CachedDataset(Decoded(6), transform=lambda s: s["label"], max_bytes=1 << 20) as c:
-            [c[i] for i in range(6)]  # 6 misses
+            [c[i] for i in range(4)]  # 4 misses, one at a time
+            c.__getitems__([4, 5])  # 2 misses in one batch: no cache read recorded
+            misses_only = table.read()[0].stages
             c.__getitems__([0, 1, 2, 3])  # 4 hits in one batch
     finally:
         stages.deactivate()
+    assert stages.CACHE_HIT_STAGE not in misses_only  # decoding misses is not a cache read
     recorded = table.read()[0].stages
     assert recorded[stages.CACHE_MISS_STAGE][1] == 6
     assert recorded[stages.CACHE_HIT_STAGE][1] == 4
     assert recorded["transform"][1] == 10
+
+
+def test_a_batched_cache_read_does_not_count_the_decoding_of_its_misses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lightning_speedpack.data import cached_dataset as module
+    from lightning_speedpack.data import stages
+
+    clock = [0.0]
+    monkeypatch.setattr(module, "perf_counter", lambda: clock[0])
+
+    class SlowDecode(Decoded):
+        def __getitem__(self, i: int) -> Any:
+            clock[0] += 100.0  # each decode takes 100 s on the (fake) clock
+            return super().__getitem__(i)
+
+    table = stages.CounterTable(rows=1)
+    stages.activate(table, row=0)
+    try:
+        with CachedDataset(SlowDecode(6), max_bytes=1 << 20) as c:
+            c[0]  # fills index 0
+            c.__getitems__([0, 1])  # one hit, one miss decoded in the same batch
+    finally:
+        stages.deactivate()
+    assert table.read()[0].stages[stages.CACHE_HIT_STAGE] == (0.0, 1)  # the read only
