@@ -325,8 +325,8 @@ class CachedDataset(Dataset[Any]):
 
     Raises:
         TypeError: ``dataset`` is neither a map-style dataset nor an ``IterableDataset`` (a
-            stream gets a :class:`~.stream.CachedStream`), or an argument has the wrong type; a sample of an unsupported type (named, with its index)
-            on access.
+            stream gets a :class:`~.stream.CachedStream`), or an argument has the wrong type;
+            a sample of an unsupported type (named, with its index) on access.
         ValueError: an argument has an invalid value, or ``max_bytes`` exceeds free ``/dev/shm``.
         RuntimeError: ``/dev/shm`` is too small for the default budget.
 
