@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_speedpack.advisor import rules as _advice
 from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
+from lightning_speedpack.advisor.run_inputs import (
+    fixed_shapes,
+    planned_epochs,
+    tensor_shapes,
+    tensors,
+    train_loaders,
+)
 from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_info
@@ -256,8 +262,8 @@ class SpeedAdvisor(Callback):
         reason = _advice.gpu_skip_reason(device)
         if reason is not None:
             self.skipped = dict.fromkeys(sorted(_advice.GPU_ONLY_IDS), reason)
-        loaders = [LoaderSettings.from_dataloader(dl, name) for name, dl in _train_loaders(trainer)]
-        epochs = _planned_epochs(trainer)
+        loaders = [LoaderSettings.from_dataloader(dl, name) for name, dl in train_loaders(trainer)]
+        epochs = planned_epochs(trainer)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         found: list[AdvisorFinding] = []
         for loader in loaders:
@@ -294,7 +300,7 @@ class SpeedAdvisor(Callback):
         if self._warmup_done and self._mark is not None:
             self._wait_s += now - self._mark
         self._batch_start = now
-        self._shapes.add(tuple(_tensor_shapes(batch)))
+        self._shapes.add(tuple(tensor_shapes(batch)))
 
     @override
     def on_before_backward(
@@ -360,7 +366,7 @@ class SpeedAdvisor(Callback):
             return
         if torch.is_grad_enabled():
             self._eval_grad = "grad mode was enabled at the end of validation_step"
-        elif any(t.requires_grad for t in _tensors(outputs)):
+        elif any(t.requires_grad for t in tensors(outputs)):
             self._eval_grad = "validation_step returned a tensor that requires grad"
 
     @override
@@ -418,7 +424,7 @@ class SpeedAdvisor(Callback):
             self._wait_s, self._step_s, self._steps, self.data_wait_threshold
         )
         found += _advice.check_cudnn_benchmark(
-            module, torch.backends.cudnn.benchmark, _fixed_shapes(self._shapes), self._device
+            module, torch.backends.cudnn.benchmark, fixed_shapes(self._shapes), self._device
         )
         found += _advice.check_zero_grad(self._stale_param, self._stale_step)
         found += _advice.check_eval_grad(self._eval_grad)
@@ -512,53 +518,6 @@ class SpeedAdvisor(Callback):
         for handle in self._handles:
             handle.remove()
         self._handles = []
-
-
-def _train_loaders(trainer: pl.Trainer) -> list[tuple[str, DataLoader[Any]]]:
-    loaders = trainer.train_dataloader
-    if isinstance(loaders, DataLoader):
-        return [("train_dataloader", loaders)]
-    items: Sequence[tuple[Any, Any]] = []
-    if isinstance(loaders, Mapping):
-        items = list(loaders.items())
-    elif isinstance(loaders, Sequence):
-        items = list(enumerate(loaders))
-    return [(f"train_dataloader[{k!r}]", dl) for k, dl in items if isinstance(dl, DataLoader)]
-
-
-def _planned_epochs(trainer: pl.Trainer) -> int | None:
-    limits: list[int] = []
-    if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-        limits.append(trainer.max_epochs)
-    batches = trainer.num_training_batches
-    if trainer.max_steps >= 0 and batches not in (0, float("inf")):
-        optimizer_steps_per_epoch = max(1, int(batches) // trainer.accumulate_grad_batches)
-        limits.append(-(-trainer.max_steps // optimizer_steps_per_epoch))
-    return min(limits) if limits else None
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
-
-
-def _tensor_shapes(batch: Any) -> Iterator[tuple[int, ...]]:
-    for tensor in _tensors(batch):
-        yield tuple(tensor.shape)
-
-
-def _fixed_shapes(shapes: set[tuple[tuple[int, ...], ...]]) -> bool | None:
-    """True when all measured batches share per-sample shapes and at most two batch sizes."""
-    if not shapes:
-        return None
-    per_sample = {tuple(s[1:] for s in shape) for shape in shapes}
-    return len(per_sample) == 1 and len(shapes) <= 2
 
 
 def _doctor_advisor(_ctx: Any) -> Callback:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from lightning_speedpack.batch_size.checks import (
+    BatchSizeTuningError,
+    check_arguments,
+    check_batch_size_holder,
+    check_supported,
+)
+from lightning_speedpack.batch_size.console import print_trials_table
+from lightning_speedpack.batch_size.lr_scaling import scale_learning_rates
 from lightning_speedpack.batch_size.search import (
     SizeSearch,
     Trial,
@@ -24,7 +29,6 @@ from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import (
     Callback,
     lightning_getattr,
-    lightning_hasattr,
     lightning_setattr,
     rank_zero_info,
 )
@@ -53,10 +57,6 @@ __all__ = ["BatchSizeTuner", "BatchSizeTuningError"]
 Mode = Literal["max", "throughput"]
 _TENSOR_CORE_MULTIPLE = 8
 _MAX_REFINEMENTS = 8  # extra throughput measurements around the fastest size
-
-
-class BatchSizeTuningError(RuntimeError):
-    """The tuner cannot run on this model or found no batch size that fits."""
 
 
 class BatchSizeTuner(Callback):
@@ -209,7 +209,7 @@ class BatchSizeTuner(Callback):
         verbose: bool = True,
         collective_timeout: float | None = None,
     ) -> None:
-        _check_arguments(
+        check_arguments(
             mode=mode,
             multiple_of=multiple_of,
             init_val=init_val,
@@ -267,7 +267,7 @@ class BatchSizeTuner(Callback):
             return
         if resuming and self.tuned and not self.retune_on_resume:
             if self.batch_size is not None and not self.dry_run:
-                _batch_size_holder_check(pl_module, self.attr_name)
+                check_batch_size_holder(pl_module, self.attr_name)
                 lightning_setattr(pl_module, self.attr_name, self.batch_size)
                 rank_zero_info(
                     f"BatchSizeTuner: resuming with the tuned batch size {self.batch_size} "
@@ -393,7 +393,7 @@ class BatchSizeTuner(Callback):
     # ----------------------------------------------------------------- tuning
 
     def _tune(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _check_supported(trainer, pl_module, self.attr_name)
+        check_supported(trainer, pl_module, self.attr_name)
         original = int(lightning_getattr(pl_module, self.attr_name))  # type: ignore[arg-type]
         source = dataloader_source(trainer, pl_module, "BatchSizeTuner", BatchSizeTuningError)
         snapshot = StateSnapshot.take(
@@ -435,7 +435,7 @@ class BatchSizeTuner(Callback):
             lightning_setattr(pl_module, self.attr_name, final)
             free_memory()
         if self.scale_lr and final != original:
-            _scale_learning_rates(trainer, final / original)
+            scale_learning_rates(trainer, final / original)
         self._announce(trainer, original)
 
     def _refine(self, search: SizeSearch, run: TrialRunner) -> None:
@@ -473,114 +473,7 @@ class BatchSizeTuner(Callback):
             f"{len(self.trials)} trials)."
         )
         if self.verbose and trainer.is_global_zero:
-            _print_table(self.trials, chosen, self.mode)
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _check_arguments(
-    *,
-    mode: Any,
-    multiple_of: Any,
-    init_val: Any,
-    max_val: Any,
-    steps_per_trial: Any,
-    margin: Any,
-    attr_name: Any,
-    flags: dict[str, Any],
-) -> None:
-    def positive_int(name: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"`{name}` must be an int, got {type(value).__name__} {value!r}")
-        if value < 1:
-            raise ValueError(f"`{name}` must be a positive int, got {value}")
-
-    if mode not in ("max", "throughput"):
-        raise ValueError(f"`mode` must be 'max' or 'throughput', got {mode!r}")
-    for name, value in (
-        ("multiple_of", multiple_of),
-        ("init_val", init_val),
-        ("max_val", max_val),
-        ("steps_per_trial", steps_per_trial),
-    ):
-        positive_int(name, value)
-    if max_val < multiple_of:
-        raise ValueError(f"`max_val` ({max_val}) must be >= `multiple_of` ({multiple_of})")
-    if mode == "throughput" and steps_per_trial < 2:
-        raise ValueError(
-            f"`steps_per_trial` must be >= 2 in 'throughput' mode (one warm-up step), "
-            f"got {steps_per_trial}"
-        )
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)):
-        raise TypeError(f"`margin` must be a float, got {type(margin).__name__} {margin!r}")
-    if not 0.0 <= margin < 1.0:
-        raise ValueError(f"`margin` must be in [0, 1), got {margin}")
-    if not isinstance(attr_name, str) or not attr_name:
-        raise TypeError(f"`attr_name` must be a non-empty str, got {attr_name!r}")
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"`{name}` must be a bool, got {type(value).__name__} {value!r}")
-
-
-def _batch_size_holder_check(pl_module: pl.LightningModule, attr: str) -> None:
-    if not lightning_hasattr(pl_module, attr):
-        raise BatchSizeTuningError(
-            f"BatchSizeTuner: no batch-size attribute `{attr}` found; looked at `model.{attr}`, "
-            f"`model.hparams[{attr!r}]`, `datamodule.{attr}` and `datamodule.hparams[{attr!r}]`. "
-            "Build the dataloaders from such an attribute or pass `attr_name=`"
-        )
-
-
-def _check_supported(trainer: pl.Trainer, pl_module: pl.LightningModule, attr: str) -> None:
-    _batch_size_holder_check(pl_module, attr)
-    if not pl_module.automatic_optimization:
-        raise BatchSizeTuningError(
-            "BatchSizeTuner supports automatic optimization only (the trials run the optimizer "
-            "step themselves)"
-        )
-    model = trainer.strategy.model
-    if model is not pl_module and not isinstance(model, DistributedDataParallel):
-        raise BatchSizeTuningError(
-            f"BatchSizeTuner supports single-device and DDP strategies, not "
-            f"{type(trainer.strategy).__name__}"
-        )
-    if len(trainer.optimizers) != 1:
-        raise BatchSizeTuningError(
-            f"BatchSizeTuner needs exactly one optimizer, found {len(trainer.optimizers)}"
-        )
-
-
-def _scale_learning_rates(trainer: pl.Trainer, ratio: float) -> None:
-    def scaled(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.mul_(ratio)
-        return value * ratio
-
-    for optimizer in trainer.optimizers:
-        for group in optimizer.param_groups:
-            for key in ("lr", "initial_lr"):
-                if key in group:
-                    group[key] = scaled(group[key])
-    for config in trainer.lr_scheduler_configs:
-        base = getattr(config.scheduler, "base_lrs", None)
-        if isinstance(base, list):
-            config.scheduler.base_lrs = [scaled(lr) for lr in base]
-    rank_zero_info(f"BatchSizeTuner: scaled the learning rates by {ratio:g}.")
-
-
-def _print_table(trials: Sequence[Trial], chosen: int | None, mode: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"BatchSizeTuner (mode={mode!r})")
-    for column in ("batch size", "fits", "samples/s"):
-        table.add_column(column, justify="right")
-    for t in trials:
-        mark = " <- chosen" if t.batch_size == chosen and t.fits else ""
-        speed = "-" if t.samples_per_sec is None else f"{t.samples_per_sec:.1f}"
-        table.add_row(f"{t.batch_size}{mark}", "yes" if t.fits else "no", speed)
-    Console(stderr=True).print(table)
+            print_trials_table(self.trials, chosen, self.mode)
 
 
 def _doctor_factory(_ctx: Any) -> Callback:

@@ -1,0 +1,187 @@
+"""The data-loading checks: worker processes, pinned memory, and time spent waiting for data.
+
+``dataloader-workers`` (rule of thumb, or the worker count a measurement asked for through
+:func:`with_measured_workers`), ``pin-memory`` (GPU only), ``persistent-workers`` and the
+measured ``data-wait``.
+"""
+
+from __future__ import annotations
+
+from lightning_speedpack.advisor.vocabulary import AdvisorFinding, DeviceInfo, LoaderSettings
+from lightning_speedpack.core.events import DataVerdict
+
+__all__ = [
+    "check_data_wait",
+    "check_dataloader_workers",
+    "check_persistent_workers",
+    "check_pin_memory",
+    "with_measured_workers",
+]
+
+
+def check_dataloader_workers(
+    loader: LoaderSettings, cpu_cores: int, local_processes: int = 1
+) -> list[AdvisorFinding]:
+    """``dataloader-workers``: no worker processes, or more than this process's share of the cores.
+
+    Args:
+        loader: the dataloader's settings.
+        cpu_cores: CPU cores this machine gives the run (its affinity set).
+        local_processes: training processes on this machine (one per device under DDP).
+    """
+    share = max(1, cpu_cores // max(1, local_processes))
+    if loader.num_workers == 0:
+        return [
+            AdvisorFinding(
+                "dataloader-workers",
+                "warning",
+                "batches are loaded in the training process, so the step waits for every batch",
+                f"{loader.name}: num_workers=0",
+                location=loader.name,
+                fix=f"DataLoader(num_workers={min(share, 8)}, ...) loads the next batches in "
+                "background processes while the step runs",
+                figures={"num_workers": 0, "cpu_cores_per_process": share},
+            )
+        ]
+    if loader.num_workers > share:
+        return [
+            AdvisorFinding(
+                "dataloader-workers",
+                "warning",
+                "more dataloader workers than CPU cores per training process: they compete for "
+                "the cores and each holds its own batches in shared memory (/dev/shm)",
+                f"{loader.name}: num_workers={loader.num_workers}, {cpu_cores} cores / "
+                f"{local_processes} process(es) = {share} per process",
+                location=loader.name,
+                fix=f"DataLoader(num_workers={share}, ...)",
+                figures={"num_workers": loader.num_workers, "cpu_cores_per_process": share},
+            )
+        ]
+    return []
+
+
+def with_measured_workers(
+    found: list[AdvisorFinding], measured: DataVerdict | None, where: str = "train_dataloader"
+) -> list[AdvisorFinding]:
+    """``dataloader-workers`` with the number of workers a measurement asked for.
+
+    When the data profiler measured the run as data-bound (its loader and model ceilings),
+    the rule-of-thumb worker count of the ``dataloader-workers`` finding gives way to the
+    measured one; a data-bound run with no such finding gets one. Any other verdict leaves
+    ``found`` as it is.
+
+    Example:
+        >>> v = DataVerdict("data", 300.0, 2400.0, workers_needed=6,
+        ...                 per_worker_samples_per_sec=400.0, num_workers=0)
+        >>> [f.fix for f in with_measured_workers([], v)]  # doctest: +NORMALIZE_WHITESPACE
+        ['DataLoader(num_workers=6, persistent_workers=True): measured, one loading process
+          delivers 400 samples/s and the model consumes 2,400']
+    """
+    if measured is None or measured.bound != "data" or not measured.workers_needed:
+        return found
+    per_worker = measured.per_worker_samples_per_sec or 0.0
+    model = measured.model_samples_per_sec or 0.0
+    fix = (
+        f"DataLoader(num_workers={measured.workers_needed}, persistent_workers=True): measured, "
+        f"one loading process delivers {per_worker:,.0f} samples/s and the model consumes "
+        f"{model:,.0f}"
+    )
+    figures = {
+        "num_workers": measured.num_workers,
+        "workers_needed": measured.workers_needed,
+        "per_worker_samples_per_sec": per_worker,
+        "loader_ceiling_samples_per_sec": measured.loader_samples_per_sec,
+        "model_ceiling_samples_per_sec": model,
+    }
+    kept = [f for f in found if f.id != "dataloader-workers"]
+    old = next((f for f in found if f.id == "dataloader-workers"), None)
+    measured_finding = AdvisorFinding(
+        "dataloader-workers",
+        "warning",
+        "the loader cannot feed the model: more worker processes would close the gap",
+        f"loader {measured.loader_samples_per_sec or 0.0:,.0f} samples/s with "
+        f"num_workers={measured.num_workers}, model {model:,.0f} samples/s",
+        fix,
+        location=old.location if old is not None else where,
+        figures={**(old.figures if old is not None else {}), **figures},
+    )
+    return [measured_finding, *kept]
+
+
+def check_pin_memory(loader: LoaderSettings, device: DeviceInfo) -> list[AdvisorFinding]:
+    """``pin-memory``: ``pin_memory=False`` while training on a GPU (GPU-only)."""
+    if not device.is_gpu or loader.pin_memory:
+        return []
+    return [
+        AdvisorFinding(
+            "pin-memory",
+            "warning",
+            "batches are copied to the GPU from pageable memory, which cannot overlap with compute",
+            f"{loader.name}: pin_memory=False on {device.name or 'a CUDA GPU'}",
+            location=loader.name,
+            fix="DataLoader(pin_memory=True, ...) (Lightning then copies with non_blocking=True)",
+        )
+    ]
+
+
+def check_persistent_workers(
+    loader: LoaderSettings, planned_epochs: int | None
+) -> list[AdvisorFinding]:
+    """``persistent-workers``: worker processes restarted every epoch of a several-epoch run.
+
+    Args:
+        loader: the dataloader's settings.
+        planned_epochs: epochs the run will train, None when unbounded.
+    """
+    several = planned_epochs is None or planned_epochs > 1
+    if loader.num_workers == 0 or loader.persistent_workers or not several:
+        return []
+    epochs = "an unbounded number of" if planned_epochs is None else str(planned_epochs)
+    return [
+        AdvisorFinding(
+            "persistent-workers",
+            "warning",
+            "the dataloader's worker processes are started again at every epoch, and the step "
+            "waits while they assemble their first batches",
+            f"{loader.name}: num_workers={loader.num_workers}, persistent_workers=False, "
+            f"{epochs} epochs",
+            location=loader.name,
+            fix="DataLoader(persistent_workers=True, ...)",
+            figures={"planned_epochs": planned_epochs},
+        )
+    ]
+
+
+def check_data_wait(
+    wait_s: float, step_s: float, steps: int, threshold: float = 0.2, min_wait_s: float = 1e-3
+) -> list[AdvisorFinding]:
+    """``data-wait``: more than ``threshold`` of the step time spent waiting for the next batch.
+
+    Args:
+        wait_s: seconds between the end of one training batch and the start of the next,
+            summed over the measured steps (validation excluded).
+        step_s: seconds inside the measured training batches, summed.
+        steps: how many steps were measured.
+        threshold: the fraction of ``wait_s + step_s`` above which the finding fires.
+        min_wait_s: the finding also needs a mean wait of at least this many seconds per
+            step: below a millisecond the "wait" is the training loop's own bookkeeping
+            between steps (tiny models), which no data-loading fix removes.
+    """
+    total = wait_s + step_s
+    if steps == 0 or total <= 0:
+        return []
+    fraction = wait_s / total
+    if fraction <= threshold or wait_s / steps < min_wait_s:
+        return []
+    return [
+        AdvisorFinding(
+            "data-wait",
+            "error" if fraction > 0.5 else "warning",
+            f"{fraction:.0%} of the training time waits for the next batch",
+            f"measured over {steps} steps: {wait_s * 1e3 / steps:.1f} ms waiting vs "
+            f"{step_s * 1e3 / steps:.1f} ms in the step, per step",
+            fix="cache the deterministic preprocessing with lightning_speedpack.CachedDataset, "
+            "add dataloader workers, or move the data to local storage or RAM",
+            figures={"data_wait_fraction": round(fraction, 4), "steps": steps},
+        )
+    ]
