@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import pickle
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from lightning_speedpack.data import stages
 from lightning_speedpack.data.profiler import DataPipelineProfiler
 from tests.data import pipeline_models as pm
 from tests.helpers.models import quiet_trainer_kwargs
+from tests.helpers.namespaces import Namespace, each_namespace
 
 TOLERANCE = 0.15
 
@@ -205,3 +207,45 @@ def test_registered_with_the_doctor_and_picklable() -> None:
 def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
         DataPipelineProfiler(**kwargs)
+
+
+@each_namespace
+def test_workers_are_timed_and_logged_in_either_namespace(ns: Namespace, tmp_path: Path) -> None:
+    truth = pm.new_truth()
+
+    class Model(ns.LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return (self.layer(x).squeeze(-1) - y).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self) -> torch.utils.data.DataLoader[Any]:
+            return torch.utils.data.DataLoader(
+                pm.SlowDataset(truth, 48),
+                batch_size=8,
+                num_workers=2,
+                multiprocessing_context="fork",
+                collate_fn=pm.SlowCollate(truth),
+            )
+
+    logger = ns.sub("loggers").CSVLogger(tmp_path / "logs")
+    profiler = DataPipelineProfiler(probe="start", probe_batches=2, model_steps=1)
+    kwargs = quiet_trainer_kwargs(tmp_path, max_steps=6, callbacks=[profiler], logger=logger)
+    trainer = ns.Trainer(**{**kwargs, "log_every_n_steps": 3})
+    trainer.fit(Model())
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("data/fetch_ms")]
+    assert [int(r["step"]) for r in rows] == [3, 6]
+    assert all(float(r["data/stage/decode_ms"]) > 0 for r in rows)
+    assert profiler.verdict is not None
+    assert profiler.verdict.bound == "data"  # 14 ms a sample against a linear layer
+    assert profiler.doctor_figures()["fetch_ms"] == pytest.approx(
+        _truth_ms(truth, pm.FETCH, pm.FETCH_N), rel=TOLERANCE
+    )
+    assert type(trainer.train_dataloader.dataset) is pm.SlowDataset  # given back
