@@ -51,9 +51,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer epochs and repeats")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="epochs per fit (one-time costs weigh less)"
+    )
     args = parser.parse_args()
     repeats = args.repeats or 5
-    epochs = 2 if args.quick else 6
+    epochs = args.epochs or (2 if args.quick else 6)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)

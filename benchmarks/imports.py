@@ -33,6 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 STATEMENTS = {
     "import torch": "import torch",
     "import lightning_speedpack.data": "import lightning_speedpack.data",
+    # what unpickling a CachedDataset in a spawned worker imports: torch and the data tool
+    "from lightning_speedpack.data import CachedDataset": "from lightning_speedpack.data "
+    "import CachedDataset",
     "import lightning_speedpack": "import lightning_speedpack",
     "speedpack --help": "import sys; sys.argv=['speedpack','--help']; "
     "from lightning_speedpack.doctor.cli import main; main()",

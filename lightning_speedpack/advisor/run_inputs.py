@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_speedpack.core.nested import leaves
+
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
@@ -45,16 +47,9 @@ def planned_epochs(trainer: pl.Trainer) -> int | None:
     return min(limits) if limits else None
 
 
-def tensors(obj: Any) -> Iterator[torch.Tensor]:
+def tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor in ``obj``, a tensor or nested mappings, lists and tuples of them."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, Mapping):
-        for value in obj.values():
-            yield from tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from tensors(value)
+    return leaves(obj, torch.Tensor)
 
 
 def tensor_shapes(batch: Any) -> Iterator[tuple[int, ...]]:

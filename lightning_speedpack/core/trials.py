@@ -36,6 +36,7 @@ from lightning_speedpack.core.collectives import (
 )
 from lightning_speedpack.core.lightning import combined_loader, is_overridden
 from lightning_speedpack.core.memory import free_memory, is_oom_error
+from lightning_speedpack.core.nested import leaves
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -92,17 +93,6 @@ def iterate_batches(loaders: Any) -> Iterator[Any]:
         yield from loaders
 
 
-def _torch_loaders(loaders: Any) -> Iterator[torch.utils.data.DataLoader[Any]]:
-    if isinstance(loaders, torch.utils.data.DataLoader):
-        yield loaders
-    elif isinstance(loaders, Mapping):
-        for value in loaders.values():
-            yield from _torch_loaders(value)
-    elif isinstance(loaders, (list, tuple)):
-        for value in loaders:
-            yield from _torch_loaders(value)
-
-
 @contextmanager
 def main_process_loading(loaders: Any) -> Iterator[Any]:
     """Load in this process: ``num_workers=0`` on every DataLoader in ``loaders``, then put back.
@@ -124,7 +114,7 @@ def main_process_loading(loaders: Any) -> Iterator[Any]:
     """
     changed: list[tuple[torch.utils.data.DataLoader[Any], int]] = []
     try:
-        for loader in _torch_loaders(loaders):
+        for loader in leaves(loaders, torch.utils.data.DataLoader):
             if loader.num_workers > 0:
                 changed.append((loader, loader.num_workers))
                 loader.num_workers = 0

@@ -251,7 +251,7 @@ class _ReceivingIterator:
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         # A persistent pool starts another epoch: what it finished before is not paired.
         self._inner._reset(loader, first_iter)
-        values = self._probe.table.values
+        values = self._probe.table.cells
         rows = [self._probe.init.row(w, self._generation) for w in range(self._probe.workers)]
         self._heads = {w: int(values[r, _stages.F_COLLATE_N]) for w, r in enumerate(rows)}
 
@@ -259,7 +259,7 @@ class _ReceivingIterator:
         head = self._heads.get(worker, 0)
         self._heads[worker] = head + 1
         row = self._probe.init.row(worker, self._generation)
-        values = self._probe.table.values
+        values = self._probe.table.cells  # numpy: no torch call per batch
         done_count = int(values[row, _stages.F_COLLATE_N])
         if head < done_count and done_count - head <= _stages.RING:
             done = float(values[row, _stages.F_RING + head % _stages.RING])

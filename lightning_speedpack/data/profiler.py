@@ -18,6 +18,7 @@ from lightning_speedpack.core.lightning import (
     rank_zero_warn,
 )
 from lightning_speedpack.core.locations import user_code_location
+from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.data import stages as _stages
 from lightning_speedpack.data.ceilings import Verdict, loader_ceiling, verdict
@@ -328,7 +329,7 @@ class DataPipelineProfiler(Callback):
 
     def _keep_train_probes(self, trainer: pl.Trainer) -> None:
         """Undo the instrumentation of loaders that are not (or no longer) training loaders."""
-        loaders = list(_torch_loaders(trainer.train_dataloader))
+        loaders = leaves(trainer.train_dataloader, torch.utils.data.DataLoader)
         keep = []
         for probe in self._probes:
             if any(probe.loader is dl for dl in loaders):
@@ -479,12 +480,6 @@ class DataPipelineProfiler(Callback):
         self._main_probe = self._main_recorder = None
 
 
-def _torch_loaders(loaders: Any) -> list[Any]:
-    from lightning_speedpack.core.trials import _torch_loaders as walk
-
-    return list(walk(loaders)) if loaders is not None else []
-
-
 def _fetch_location(dataset: Any) -> str | None:
     cls = untimed_class(type(dataset))
     for name in ("__getitems__", "__getitem__", "__iter__"):
@@ -494,9 +489,10 @@ def _fetch_location(dataset: Any) -> str | None:
     return None
 
 
-register_diagnostic(
-    "data",
-    DataPipelineProfiler,
-    factory=lambda ctx: DataPipelineProfiler(probe="start", log_every_n_steps=10),
-    order=15,
-)
+def _doctor_factory(_ctx: Any) -> DataPipelineProfiler:
+    # A shorter probe than the default: under the doctor it runs in every fit of every script,
+    # and 8 timed batches (after the warm-up) and 3 steps are enough for a verdict.
+    return DataPipelineProfiler(probe="start", probe_batches=8, model_steps=3, log_every_n_steps=10)
+
+
+register_diagnostic("data", DataPipelineProfiler, factory=_doctor_factory, order=15)

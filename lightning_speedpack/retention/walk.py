@@ -278,15 +278,41 @@ def _walk_root(
         entered += 1
         seen.add(id(obj))
         try:
-            children = [
-                (path + label, child, depth + 1)
-                for label, child in _children(obj, kind, module_cache, sample_long)
-                if _kind(type(child)) != _SKIP
-            ]
+            children = _listed_children(
+                obj, kind, path, depth, module_cache, sample_long, max_objects - entered
+            )
         except Exception:  # a container that cannot be iterated safely is skipped
             continue
         children.reverse()
         stack.extend(children)
+
+
+def _listed_children(
+    obj: Any,
+    kind: int,
+    path: str,
+    depth: int,
+    module_cache: ModuleCache | None,
+    sample_long: bool,
+    budget: int,
+) -> list[tuple[str, Any, int]]:
+    """The children to visit, tensors all, containers no more than can still be entered.
+
+    An exact walk (``sample_long=False``) of a datamodule holding a million records would
+    otherwise list every record only to enter ``budget`` of them: listing stops there.
+    """
+    children: list[tuple[str, Any, int]] = []
+    containers = 0
+    for label, child in _children(obj, kind, module_cache, sample_long):
+        child_kind = _kind(type(child))
+        if child_kind == _SKIP:
+            continue
+        if child_kind != _TENSOR:
+            containers += 1
+            if containers > budget:
+                break
+        children.append((path + label, child, depth + 1))
+    return children
 
 
 def module_display_name(module: types.ModuleType | None) -> str:

@@ -44,6 +44,7 @@ class Watcher(Protocol):
     thread: int
     depth: int
     in_tail: bool
+    tail_indexing: int  # indexing calls seen between batches (to decide whether to swap)
 
     def hit(self, kind: str, frame: FrameType | None) -> None:
         """Record one sync of ``kind`` made at ``frame``."""
@@ -184,13 +185,12 @@ def _wrap_indexing(orig: Callable[..., Any]) -> Callable[..., Any]:
 
     def wrapper(self: torch.Tensor, idx: Any, *value: Any) -> Any:
         st = _ARMED
-        if (
-            st is None
-            or st.in_tail
-            or st.depth
-            or get_ident() != st.thread
-            or not _is_mask(st, idx)
-        ):
+        if st is None or st.depth:
+            return orig(self, idx, *value)
+        if st.in_tail:  # DataLoader code between batches: counted, never watched
+            st.tail_indexing += 1
+            return orig(self, idx, *value)
+        if get_ident() != st.thread or not _is_mask(st, idx):
             return orig(self, idx, *value)
         st.depth += 1
         try:
@@ -270,8 +270,10 @@ def set_indexing(saved: Saved, watched: bool) -> None:
 
     Tensor indexing is the call DataLoader code makes per sample (``TensorDataset`` indexes
     each tensor once per sample: 64 calls per batch of 32 image/label pairs); between the end
-    of one batch and the start of the next only dataset code runs it, so the original C slot
-    serves it there (~2 us per batch to swap, against ~0.2 us per call through a wrapper).
+    of one batch and the start of the next only dataset code runs it. Taking the wrappers out
+    for that stretch and back costs ~15 us per batch, plus the method-cache misses that
+    changing ``torch.Tensor`` causes afterwards, against ~0.2 us per call through a wrapper's
+    early return: the detector swaps only for loaders that index a lot in the main process.
     """
     for owner, name, raw, wrapper in saved:
         if name in _INDEXING:

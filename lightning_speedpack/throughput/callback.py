@@ -14,8 +14,8 @@ The maths lives in :mod:`~lightning_speedpack.throughput.rates`, the W&B and sys
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -267,13 +267,13 @@ class ThroughputLogger(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._clock.epoch_start(time.perf_counter())
+        self._clock.epoch_start(perf_counter())
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._clock.batch_start(time.perf_counter())
+        self._clock.batch_start(perf_counter())
         if self._count_flops:
             self._open_flop_mode()
 
@@ -288,7 +288,7 @@ class ThroughputLogger(Callback):
     ) -> None:
         # The per-step hot path: one clock read, the batch's counts, no allocation, no
         # property chains; the global step is read only when it can be a logging step.
-        now = time.perf_counter()
+        now = perf_counter()
         self._countdown -= 1
         if self._flop_mode is not None:
             if not self._end_counted_batch(now, batch):
@@ -305,11 +305,11 @@ class ThroughputLogger(Callback):
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._clock.pause(time.perf_counter())
+        self._clock.pause(perf_counter())
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._clock.resume(time.perf_counter())
+        self._clock.resume(perf_counter())
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -459,9 +459,13 @@ class ThroughputLogger(Callback):
 
 def _batch_size(batch: Any) -> int:
     # Fast path for the common (inputs, targets) tuple; infer_batch_size handles the rest.
+    # `size(0)` is one C call returning an int (`ndim` + `shape[0]` + `int()` are three).
     first = batch[0] if type(batch) in (tuple, list) and batch else batch
-    if type(first) is torch.Tensor and first.ndim:
-        return int(first.shape[0])
+    if type(first) is torch.Tensor:
+        try:
+            return first.size(0)
+        except IndexError:  # a 0-d tensor
+            pass
     return infer_batch_size(batch)
 
 

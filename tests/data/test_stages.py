@@ -63,6 +63,8 @@ def test_the_table_pickles_as_shared_memory() -> None:
     table = CounterTable(rows=2)
     copy = pickle.loads(pickle.dumps(table))
     assert copy.values.shape == table.values.shape
+    copy.cells[1, 0] = 7.0  # the numpy views are rebuilt over the unpickled tensors
+    assert float(copy.values[1, 0]) == 7.0
 
 
 @pytest.mark.parametrize("bad", ["", 3, None])

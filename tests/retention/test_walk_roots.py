@@ -189,6 +189,30 @@ def test_one_large_root_does_not_hide_the_next() -> None:
     assert paths == ["small[0]"]
 
 
+def test_an_exact_walk_lists_no_more_records_than_it_can_enter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The end-of-fit walk counts every item (no sampling); a datamodule holding 50,000 records
+    # used to be listed in full (seconds at millions of records) only to enter 5,000 of them.
+    from lightning_speedpack.retention import walk
+
+    kinds = 0
+    kind = walk._kind
+
+    def counting(cls: type) -> int:
+        nonlocal kinds
+        kinds += 1
+        return kind(cls)
+
+    monkeypatch.setattr(walk, "_kind", counting)
+    records = [([i, i + 1], i) for i in range(50_000)]
+    losses = [torch.ones(1, requires_grad=True) * i for i in range(300)]
+    roots = [("data", {"records": records}), ("model", {"losses": losses})]
+    found = [p for p, _ in walk_containers(roots, max_objects=1000, sample_long=False)]
+    assert found == [f'model["losses"][{i}]' for i in range(300)]  # every held loss, exactly
+    assert kinds < 10_000  # not one look per record
+
+
 def test_the_final_heap_scan_keeps_to_its_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_speedpack.sync_points.detect import (
+    SWAP_INDEXING_AT,
     SyncDetector,
     SyncPointError,
     attribute_frame,
@@ -216,6 +217,34 @@ def test_masked_indexing_is_watched_in_the_step_only(clean_state: None) -> None:
     finally:
         det.uninstall()
     assert sorted(f.kind for f in det.findings()) == ["item", "masked index"]
+
+
+@pytest.mark.parametrize(
+    ("tail_calls", "swapped"), [(10, False), (SWAP_INDEXING_AT + 50, True)], ids=["few", "many"]
+)
+def test_indexing_wrappers_leave_the_tail_only_when_it_indexes_a_lot(
+    clean_state: None, tail_calls: int, swapped: bool
+) -> None:
+    # A swap of torch.Tensor's indexing slots costs more than a few early returns (issue 17:
+    # the tiny MLP got slower when every batch swapped), so only heavy indexing is swapped out.
+    t, m = torch.arange(4.0), torch.arange(4) > 1
+    det = SyncDetector(include_cpu=True)
+    det.install()
+    wrapper = vars(torch.Tensor)["__getitem__"]
+    in_tail = []
+    try:
+        for step in range(5):
+            det.arm(step=step)
+            t[m]  # in the step: watched
+            det.end_step()
+            in_tail.append(vars(torch.Tensor).get("__getitem__") is wrapper)
+            for _ in range(tail_calls):  # DataLoader code, between batches
+                t[0]
+            t[m]  # between batches: never reported
+    finally:
+        det.uninstall()
+    assert in_tail == [True, True, True, not swapped, not swapped]  # decided after 3 batches
+    assert [(f.kind, f.count) for f in det.findings()] == [("masked index", 5)]
 
 
 def test_per_step_counts(clean_state: None) -> None:

@@ -188,13 +188,8 @@ def test_docstring_example_runs() -> None:
 def test_exact_values_with_a_mocked_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter(float(i) for i in range(10_000))
 
-    class FakeTime:
-        @staticmethod
-        def perf_counter() -> float:
-            return next(ticks)
-
     # Each hook reads the clock once: epoch start t, batch start t+1, batch end t+2, ...
-    monkeypatch.setattr(throughput_module, "time", FakeTime)
+    monkeypatch.setattr(throughput_module, "perf_counter", lambda: next(ticks))
     logger = MemoryLogger()
     callback = ThroughputLogger(window=4, log_every_n_steps=4, gpu_stats=False)
     trainer = _trainer(tmp_path, callback, max_steps=8, logger=logger, limit_val_batches=0)
