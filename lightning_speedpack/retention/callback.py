@@ -43,6 +43,8 @@ _NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per 
 _ONE_GRAPH_BYTES = 1 << 20  # a single retained graph is reported at once from this size on
 _TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
 _GLOBALS_REFRESH = 32  # batches between re-reading which globals and attributes to look at
+#: Module prefix of the pack's own callbacks, which the walk leaves out.
+_PACK = __name__.split(".", 1)[0] + "."
 
 
 class LossRetentionDetector(Callback):
@@ -290,7 +292,13 @@ class LossRetentionDetector(Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None:
             roots.append(("datamodule", datamodule))
-        callbacks = [c for c in trainer.callbacks if c is not self]  # type: ignore[attr-defined]
+        # The pack's own callbacks hold no user graphs; walking them (and their modules' globals)
+        # every step would cost more than all the user's roots under `speedpack doctor`.
+        callbacks = [
+            c
+            for c in trainer.callbacks  # type: ignore[attr-defined]
+            if c is not self and not type(c).__module__.startswith(_PACK)
+        ]
         roots.extend((type(callback).__name__, callback) for callback in callbacks)
         if self._batch >= self._cache_refresh:
             self._cache_refresh = self._batch + _GLOBALS_REFRESH

@@ -340,6 +340,25 @@ def test_graph_kept_by_another_callback_is_named(tmp_path: Path) -> None:
     assert _ours(record) == 2
 
 
+def test_the_packs_own_callbacks_are_not_walked(tmp_path: Path) -> None:
+    # Under `speedpack doctor` seven of the pack's callbacks sit on the Trainer; walking their
+    # buffers and their modules' globals every step cost more than all the user's roots.
+    from lightning_speedpack import StepTimeline, ThroughputLogger
+
+    class Keeper(Callback):
+        def __init__(self) -> None:
+            self.seen: list[torch.Tensor] = []
+
+    detector = LossRetentionDetector()
+    callbacks = [ThroughputLogger(), StepTimeline(), Keeper(), detector]
+    trainer = Trainer(callbacks=callbacks, **quiet_trainer_kwargs(tmp_path, max_steps=1))
+    trainer.fit(BoringModel())
+    names = [name for name, _ in detector._roots(trainer, trainer.lightning_module)]
+    assert "Keeper" in names
+    assert not {"ThroughputLogger", "StepTimeline"} & set(names)
+    assert not [n for n in names if "lightning_speedpack" in n]  # nor their modules' globals
+
+
 @pytest.mark.parametrize("in_loss", [False, True])
 def test_extra_returned_key_with_a_graph_warns_once(tmp_path: Path, in_loss: bool) -> None:
     with pytest.warns(RetainedGraphWarning, match=r'training_step\(\)\["aux"\]') as record:
