@@ -154,6 +154,7 @@ def one_run(
         str(out),
     ]
     started = time.monotonic()
+    stderr = ""
     try:
         proc = run_in_session(cmd, timeout=args.time_limit, env=env, cwd=out.parent, grace=5.0)
     except ProcessTimeout as err:
@@ -165,6 +166,7 @@ def one_run(
     else:
         tally.seconds.append(time.monotonic() - started)
         leftovers = proc.leftovers
+        stderr = proc.stderr
         if proc.returncode != 0:
             tally.failures = 1
             saved = args.stacks_dir / f"run{index}-{strategy}-{start_method}.stderr.txt"
@@ -199,7 +201,11 @@ def one_run(
         left = shm_files(shm_prefix[0])
         if left:
             tally.files_left = len(left)
-            tally.notes.append(f"run {index} ({variant}): left {[p.name for p in left]}")
+            saved = args.stacks_dir / f"run{index}-{strategy}-{start_method}.shm-left.txt"
+            saved.write_text(stderr)  # both ranks' output: did one die before its clean-up?
+            tally.notes.append(
+                f"run {index} ({variant}): left {[p.name for p in left]}, stderr in {saved}"
+            )
             for path in left:  # count each once, not again after the next run
                 with contextlib.suppress(OSError):
                     path.unlink()
