@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +43,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from lightning_speedpack.data import reclaim  # noqa: E402
 from tests.helpers.procs import (  # noqa: E402 (the repo root goes on sys.path first)
     ProcessTimeout,
     describe,
@@ -113,8 +115,23 @@ def orphans_of(marker: str) -> list[psutil.Process]:
     return found
 
 
-def shm_files(prefix: str) -> list[Path]:
-    return sorted(SHM.glob(prefix + "*")) if SHM.is_dir() else []
+def left_behind(own: set[str]) -> tuple[list[str], list[str]]:
+    """After a run: the files it left, and the live arenas of other jobs (not counted).
+
+    Left: this run's own arena (the path its ranks reported) or a draft of it, whatever its
+    state -- every process of the run is gone by now -- and any ``speedpack-*`` file nobody
+    holds (a run that died before reporting its path). Not counted: arenas a live process of
+    another job maps (e.g. a ``make test`` running beside the soak: its DDP recipe test uses
+    the same dataset and so the same name prefix).
+    """
+    left, others = [], []
+    for entry in reclaim.scan(str(SHM)) if SHM.is_dir() else []:
+        mine = any(entry.path == p or entry.path.startswith(p + ".") for p in own)
+        if mine or entry.status == "dead":
+            left.append(entry.path)
+        else:
+            others.append(entry.path)
+    return left, others
 
 
 def one_run(
@@ -124,7 +141,6 @@ def one_run(
     args: argparse.Namespace,
     data_dir: Path,
     work: Path,
-    shm_prefix: list[str],
 ) -> Tally:
     tally = Tally(runs=1)
     variant = f"{strategy}/{start_method}"
@@ -183,6 +199,7 @@ def one_run(
         tally.processes_left = len(leftovers)
         tally.notes.append(f"run {index} ({variant}): left {leftovers}")
     # Cache figures and the arena's name, from what each rank wrote.
+    own: set[str] = set()
     for rank in (0, 1):
         report = out / f"rank{rank}.json"
         if not report.exists():
@@ -194,21 +211,21 @@ def one_run(
             tally.notes.append(
                 f"run {index} ({variant}): rank {rank} {items} of {args.images} cached"
             )
-        path = summary.get("cache_path")
-        if path and not shm_prefix:
-            shm_prefix.append("-".join(Path(path).name.split("-")[:2]) + "-")  # speedpack-<digest>-
-    if shm_prefix:
-        left = shm_files(shm_prefix[0])
-        if left:
-            tally.files_left = len(left)
-            saved = args.stacks_dir / f"run{index}-{strategy}-{start_method}.shm-left.txt"
-            saved.write_text(stderr)  # both ranks' output: did one die before its clean-up?
-            tally.notes.append(
-                f"run {index} ({variant}): left {[p.name for p in left]}, stderr in {saved}"
-            )
-            for path in left:  # count each once, not again after the next run
-                with contextlib.suppress(OSError):
-                    path.unlink()
+        if summary.get("cache_path"):
+            own.add(str(summary["cache_path"]))
+    left, others = left_behind(own)
+    if others:
+        tally.notes.append(f"run {index} ({variant}): not counted, in use by other jobs: {others}")
+    if left:
+        tally.files_left = len(left)
+        saved = args.stacks_dir / f"run{index}-{strategy}-{start_method}.shm-left.txt"
+        saved.write_text(stderr)  # both ranks' output: did one die before its clean-up?
+        tally.notes.append(
+            f"run {index} ({variant}): left {[Path(p).name for p in left]}, stderr in {saved}"
+        )
+        for path in left:  # count each once, not again after the next run
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     return tally
 
 
@@ -241,16 +258,25 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=240.0, help="seconds per run")
     parser.add_argument("--busy", type=int, default=2, help="busy-loop processes loading the CPU")
     parser.add_argument(
+        "--variant",
+        action="append",
+        choices=[f"{s}/{m}" for s, m in VARIANTS],
+        help="run only this variant (repeatable; default: all four in turn)",
+    )
+    parser.add_argument(
         "--stacks-dir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "speedpack-soak",
         help="where the stacks of hung runs and the stderr of failed runs are saved",
     )
     args = parser.parse_args()
+    # A SIGTERM (``kill``, a CI time limit) unwinds like Ctrl-C: the busy loops and the current
+    # run's session are killed on the way out instead of outliving the soak.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs = 4 if args.quick else args.runs
     args.stacks_dir.mkdir(parents=True, exist_ok=True)
-    tallies = {f"{s}/{m}": Tally() for s, m in VARIANTS}
-    shm_prefix: list[str] = []
+    variants = [(s, m) for s, m in VARIANTS if not args.variant or f"{s}/{m}" in args.variant]
+    tallies = {f"{s}/{m}": Tally() for s, m in variants}
     print(
         f"soak: {runs} runs of {RECIPE.name} ({args.images} images, 2 ranks, 2 epochs), "
         f"{args.busy} busy loops, {args.time_limit:.0f} s limit per run; "
@@ -267,8 +293,8 @@ def main() -> None:
         loops = start_busy_loops(args.busy)
         try:
             for index in range(runs):
-                strategy, start_method = VARIANTS[index % len(VARIANTS)]
-                tally = one_run(index, strategy, start_method, args, data_dir, work, shm_prefix)
+                strategy, start_method = variants[index % len(variants)]
+                tally = one_run(index, strategy, start_method, args, data_dir, work)
                 tallies[f"{strategy}/{start_method}"].add(tally)
                 status = (
                     "HANG"

@@ -9,7 +9,9 @@ shared machine.
 
 Two more tables time the hook bodies of ThroughputLogger and of ThroughputMonitor inside real
 TinyMLP fits (each hook wrapped in two ``perf_counter`` reads): where their microseconds per
-step go, without the fit-to-fit noise of the first table.
+step go, without the fit-to-fit noise of the first table. The same hooks with empty bodies are
+timed the same way, and their time subtracted: the cost added over an empty callback (which
+Lightning calls just the same), without the timing's own cost.
 
     .venv/bin/python benchmarks/throughput.py [--quick] [--repeats N]
 """
@@ -128,6 +130,23 @@ def _hook_times(
     return {name: (calls[name], min(v)) for name, v in per_fit.items()}
 
 
+def _hollow_twin(make: Callable[[], Callback]) -> Callable[[], Callback]:
+    """A factory of Callbacks overriding the same hooks as ``make()``'s, with empty bodies."""
+    cls = type(make())
+
+    def empty(self: Callback, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    names = [
+        n
+        for n in dir(cls)
+        if (n.startswith("on_") or n in ("setup", "teardown"))
+        and getattr(cls, n) is not getattr(Callback, n, None)
+    ]
+    twin = type(f"Empty{cls.__name__}", (Callback,), dict.fromkeys(names, empty))
+    return lambda: twin()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (< 60 s)")
@@ -181,16 +200,46 @@ def main() -> None:
     }
     for label, make in callbacks.items():
         times = _hook_times(make, epochs, fits=repeats)
-        hook_rows: list[list[Any]] = [
-            [hook, calls, 1e6 * seconds / calls, 1e6 * seconds / steps]
-            for hook, (calls, seconds) in sorted(times.items(), key=lambda kv: -kv[1][1])
-        ]
+        # The same hooks with empty bodies, timed the same way: what the timing itself and an
+        # empty callback's call of each hook cost. The difference is the goal's "added cost
+        # over an empty callback" (Lightning calls an empty callback's hooks too).
+        hollow = _hook_times(_hollow_twin(make), epochs, fits=repeats)
+        hook_rows: list[list[Any]] = []
+        for hook, (calls, seconds) in sorted(times.items(), key=lambda kv: -kv[1][1]):
+            empty_s = hollow.get(hook, (calls, 0.0))[1]
+            hook_rows.append(
+                [
+                    hook,
+                    calls,
+                    1e6 * seconds / calls,
+                    1e6 * seconds / steps,
+                    1e6 * empty_s / steps,
+                    1e6 * (seconds - empty_s) / steps,
+                ]
+            )
         total = sum(seconds for _, seconds in times.values())
-        hook_rows.append(["all hooks", "", "", 1e6 * total / steps])
+        empty_total = sum(seconds for _, seconds in hollow.values())
+        hook_rows.append(
+            [
+                "all hooks",
+                "",
+                "",
+                1e6 * total / steps,
+                1e6 * empty_total / steps,
+                1e6 * (total - empty_total) / steps,
+            ]
+        )
         print_table(
             f"{label}'s hook bodies inside TinyMLP fits ({steps} steps, logs every 50; least of "
-            f"{repeats} fits; each call also pays ~0.1 us for its own timing)",
-            ["hook", "calls per fit", "us per call", "us per step"],
+            f"{repeats} fits)",
+            [
+                "hook",
+                "calls per fit",
+                "us per call",
+                "us per step",
+                "same hooks empty, us per step",
+                "added over empty, us per step",
+            ],
             hook_rows,
         )
 

@@ -91,9 +91,13 @@ def print_findings(report: dict[str, Any]) -> None:
     console.print(table)
 
 
-def print_wandb_runs(out: Path) -> None:
-    """Where each offline W&B run lives and how to upload it."""
-    runs = sorted(out.glob("**/wandb/offline-run-*"))
+def print_wandb_runs(out: Path, since: float) -> None:
+    """Where each offline W&B run of this demo lives and how to upload it.
+
+    Runs an earlier ``make demo`` left in the same folder are not listed (``since``: when
+    this one started, as ``time.time()``).
+    """
+    runs = sorted(p for p in out.glob("**/wandb/offline-run-*") if p.stat().st_mtime >= since)
     if not runs:
         console.print("No W&B runs were written (is wandb installed? `pip install .[wandb]`).")
         return
@@ -125,6 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
     data_dir = out / "jpegs"
     sys.path.insert(0, str(HERE))
     from jpeg_common import write_jpegs
@@ -138,7 +143,7 @@ def main() -> None:
     run_doctor("fast_training.py", out, data_dir, args)
     print_findings(slow)
     speedup = compare_runs(out)
-    print_wandb_runs(out)
+    print_wandb_runs(out, started)
     console.print(f"Reports: {out / 'slow_training.json'}, {out / 'fast_training.json'}")
     console.rule(f"fast_training.py trains {speedup:.1f}x the samples per second")
 

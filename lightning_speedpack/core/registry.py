@@ -34,6 +34,8 @@ class DoctorContext:
     """What a diagnostic's factory may look at when the doctor builds it for a Trainer."""
 
     trainer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: ``speedpack doctor --deep``: a factory may then turn on its costlier measurements
+    deep: bool = False
 
     @property
     def accelerator(self) -> str:
@@ -63,6 +65,8 @@ class Diagnostic:
     callback_type: type[Callback]
     factory: Callable[[DoctorContext], Callback]
     order: int = 100
+    deep: bool = False  # attached by ``speedpack doctor --deep`` only (costlier per step)
+    deep_adds: str = ""  # what ``--deep`` adds to this diagnostic's default form, if anything
 
 
 _REGISTRY: dict[str, Diagnostic] = {}
@@ -73,6 +77,9 @@ def register_diagnostic(
     callback_type: type[Callback],
     factory: Callable[[DoctorContext], Callback] | None = None,
     order: int = 100,
+    *,
+    deep: bool = False,
+    deep_adds: str = "",
 ) -> None:
     """Register ``callback_type`` with the doctor under ``name`` (idempotent for the same class).
 
@@ -81,6 +88,10 @@ def register_diagnostic(
         callback_type: the Callback class; an instance the script already added is reused.
         factory: builds the doctor's instance; default ``callback_type()``.
         order: position in the report and in the callback list (lower first).
+        deep: attach it only when the doctor runs with ``--deep``: for checks whose per-step
+            cost is too high to leave on by default.
+        deep_adds: what the factory adds when ``ctx.deep`` is set (e.g. a one-time probe), for
+            the report's line on what the default run left out.
 
     Raises:
         TypeError: ``callback_type`` is not a Lightning ``Callback`` subclass.
@@ -95,7 +106,7 @@ def register_diagnostic(
             "pick another name or unregister it first"
         )
     _REGISTRY[name] = Diagnostic(
-        name, callback_type, factory or (lambda _ctx: callback_type()), order
+        name, callback_type, factory or (lambda _ctx: callback_type()), order, deep, deep_adds
     )
 
 

@@ -45,6 +45,7 @@ import functools
 import operator
 import os
 import weakref
+from array import array
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -81,7 +82,16 @@ from lightning_speedpack.data.arena_file import (
     same_file,
     usable,
 )
-from lightning_speedpack.data.codec import _LEN, ALIGN, EncodedSample, decode, plan_of
+from lightning_speedpack.data.codec import (
+    _LEN,
+    ALIGN,
+    Decoder,
+    EncodedSample,
+    decode,
+    decode_leaf,
+    decoder_of,
+    plan_of,
+)
 from lightning_speedpack.data.codec import _PARSED as _PLANS
 from lightning_speedpack.data.liveness import OWNERS, ROWS, USERS
 
@@ -100,6 +110,9 @@ RESERVE_CHUNK = 16 << 20
 _ROW_BITS = 16  # writer word: (generation << 16) | (row + 1); 0 means "no live writer"
 
 EMPTY, READY, WRITING = 0, 1, 2
+# Decoders kept per arena and process: samples differing only in a scalar (a label stored in
+# the structure text) each have one; past this many, the rest are decoded one at a time.
+_MAX_DECODERS = 4096  # < 2**15: a decoder number fits the per-slot int16
 
 StoreResult = Literal["stored", "skipped", "budget_exhausted_now", "budget_exhausted"]
 
@@ -144,6 +157,14 @@ class Arena:
         self._row = -1
         self._row_pid = -1
         self._writer = 0
+        # Read side, this process only: which decoder each published slot needs (-1: not
+        # looked up yet). A slot's bytes never change once READY, so neither does its entry.
+        self._decoder_ids: array[int] | None = None
+        self._decoders: list[Decoder] = []
+        self._decoder_index: dict[bytes, int] = {}
+        # Decoders whose tensor leaves lie alike share a layout: a batch decodes them together.
+        self._layout_of: list[int] = []  # decoder -> layout (-1: decoded one at a time)
+        self._layout_index: dict[tuple[Any, ...], int] = {}
         self._finalizer = weakref.finalize(self, handle.close, functools.partial(release, handle))
 
     # ----------------------------------------------------------------- opening and closing
@@ -261,11 +282,70 @@ class Arena:
             return MISSING
         return decode(self._bytes, self.data_start + words[at + 2])
 
-    def get_many(self, indices: Sequence[Any], n: int) -> list[Any]:
+    def get_many(self, indices: Sequence[Any], n: int, *, together: bool = True) -> list[Any]:
         """The decoded samples at ``indices``, ``MISSING`` where not published or not in [0, n).
 
-        One loop with the decoding inlined, for a whole batch (the DataLoader's batched fetch).
+        For a whole batch (the DataLoader's batched fetch). With ``together``, samples whose
+        tensors lie alike are decoded together, each tensor leaf copied into one fresh tensor
+        for the batch whose rows the samples get (see
+        :class:`~lightning_speedpack.data.codec.Decoder`); this process then keeps a 2-byte
+        decoder number per slot. Without it, each sample is decoded on its own.
         """
+        if not together:
+            return self._get_each(indices, n)
+        out: list[Any] = [MISSING] * len(indices)
+        blob = self._bytes
+        for shape_id, (positions, bases, decoders) in self._by_layout(indices, n, out).items():
+            leaves = decoders[0].leaves
+            if shape_id < 0 or leaves is None or len(bases) == 1:
+                samples = [d.one(blob, base) for d, base in zip(decoders, bases, strict=True)]
+            else:
+                columns = [decode_leaf(blob, bases, leaf) for leaf in leaves]
+                values = zip(*columns, strict=True) if columns else [()] * len(bases)
+                samples = [d.build(v) for d, v in zip(decoders, values, strict=True)]
+            if len(samples) == len(out):
+                return samples  # one layout, every sample published: already in order
+            for pos, sample in zip(positions, samples, strict=True):
+                out[pos] = sample
+        return out
+
+    def _by_layout(
+        self, indices: Sequence[Any], n: int, out: list[Any]
+    ) -> dict[int, tuple[list[int], list[int], list[Decoder]]]:
+        """The published ``indices`` by layout: their positions, blob bases and decoders.
+
+        Layout -1 gathers the samples to decode one at a time; a sample beyond the decoders
+        this process keeps is decoded into ``out`` at once.
+        """
+        words, data_start, blob = self._slot_words, self.data_start, self._bytes
+        ids = self._decoder_ids
+        if ids is None:
+            ids = self._decoder_ids = array("h", [-1]) * self.n_slots
+        decoders, layouts = self._decoders, self._layout_of
+        groups: dict[int, tuple[list[int], list[int], list[Decoder]]] = {}
+        for pos, index in enumerate(indices):
+            i = index if type(index) is int else operator.index(index)
+            if not 0 <= i < n or words[i * SLOT_WORDS] != READY:
+                continue
+            start = data_start + words[i * SLOT_WORDS + 2]
+            d = ids[i]
+            if d < 0:
+                d = self._learn_decoder(i, start)
+                if d < 0:
+                    out[pos] = decode(blob, start)
+                    continue
+            decoder = decoders[d]
+            group = groups.get(layouts[d])
+            if group is None:
+                groups[layouts[d]] = ([pos], [start + decoder.head], [decoder])
+            else:
+                group[0].append(pos)
+                group[1].append(start + decoder.head)
+                group[2].append(decoder)
+        return groups
+
+    def _get_each(self, indices: Sequence[Any], n: int) -> list[Any]:
+        """:meth:`get_many` one sample at a time: one loop with the decoding inlined."""
         words, blob, data_start, mm = self._slot_words, self._bytes, self.data_start, self._h.mm
         unpack, plans, head = _LEN.unpack_from, _PLANS, _LEN.size
         out: list[Any] = []
@@ -282,6 +362,31 @@ class Arena:
                 plan = plan_of(text)
             out.append(plan(blob, start + (head + length + ALIGN - 1) // ALIGN * ALIGN))
         return out
+
+    def _learn_decoder(self, index: int, start: int) -> int:
+        """Find (or build) the decoder of the slot at ``index``; -1 if there are too many."""
+        (length,) = _LEN.unpack_from(self._h.mm, start)
+        text = self._h.mm[start + _LEN.size : start + _LEN.size + length]
+        decoder = decoder_of(text) if text not in self._decoder_index else None
+        # Numbering must not race between threads reading at once (a thread-pool loader): two
+        # texts given one number would decode each other's samples. The handle's count lock is
+        # short-held and replaced in a forked child.
+        with self._h.count_lock:
+            d = self._decoder_index.get(text)
+            if d is None:
+                if len(self._decoders) >= _MAX_DECODERS:
+                    return -1
+                decoder = decoder or decoder_of(text)
+                d = self._decoder_index[text] = len(self._decoders)
+                self._decoders.append(decoder)
+                self._layout_of.append(
+                    -1
+                    if decoder.leaves is None
+                    else self._layout_index.setdefault(decoder.leaves, len(self._layout_index))
+                )
+            assert self._decoder_ids is not None
+            self._decoder_ids[index] = d
+        return d
 
     def is_ready(self, index: int) -> bool:
         """Whether ``index`` is published."""

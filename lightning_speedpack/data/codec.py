@@ -14,22 +14,36 @@ scalars (any non-object dtype, structured dtypes included), ``int``, ``float``, 
 than silently changed. JSON keeps every ``float`` exactly (``repr`` round trip), ``nan`` and
 ``inf`` included.
 
-Decoding copies each array out of the blob, so a decoded sample owns its memory and may be
-modified in place.
+Decoding copies each array out of the blob, so a decoded sample may be modified in place
+without touching the blob. One sample decoded alone owns its memory; the samples of a batch
+decoded together (:func:`decode_leaf`) are rows of one fresh tensor per leaf, each row a
+sample's own bytes.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["ALIGN", "EncodedSample", "Plan", "decode", "dumps", "encode", "loads", "plan_of"]
+__all__ = [
+    "ALIGN",
+    "Decoder",
+    "EncodedSample",
+    "Plan",
+    "decode",
+    "decode_leaf",
+    "decoder_of",
+    "dumps",
+    "encode",
+    "loads",
+    "plan_of",
+]
 
 ALIGN = 64
 _LEN = struct.Struct("<Q")
@@ -257,6 +271,103 @@ def _tensor_plan(node: list[Any]) -> Plan:
         inner = plan
         return lambda blob, base: inner(blob, base).requires_grad_()
     return plan
+
+
+Leaf = tuple[int, int, torch.dtype, tuple[int, ...]]  # offset, nbytes, dtype, shape
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How to decode the blobs of one structure text: one at a time, or a batch at once.
+
+    Samples that differ only in scalars (a label is part of the structure text) have different
+    decoders but the same ``leaves``: a batch is decoded by copying each leaf of all its
+    samples into one fresh array (one allocation, one Python call per sample and leaf), whose
+    rows ``build`` then puts into each sample's structure.
+
+    Attributes:
+        one: ``(blob, base) -> sample`` (``base``: where the blob's arrays start).
+        head: bytes from a blob's start to its arrays (length word, text, padding).
+        leaves: the tensor leaves in structure order, or None when a leaf is of a kind only
+            ``one`` decodes (numpy arrays, bytes, empty or ``requires_grad`` tensors).
+        build: ``(leaf values in order) -> sample`` (raises when ``leaves`` is None).
+    """
+
+    one: Plan
+    head: int
+    leaves: tuple[Leaf, ...] | None
+    build: Callable[[Sequence[Any]], Any]
+
+
+def decoder_of(text: bytes) -> Decoder:
+    """The :class:`Decoder` of one structure text (not memoised: callers keep their own)."""
+    leaves: list[Leaf] = []
+    build = _compile_build(json.loads(text), leaves)
+    return Decoder(
+        plan_of(text),
+        _align(_LEN.size + len(text)),
+        None if build is None else tuple(leaves),
+        _one_at_a_time if build is None else build,
+    )
+
+
+def _one_at_a_time(values: Sequence[Any]) -> Any:
+    raise RuntimeError("this structure is decoded one sample at a time (Decoder.one)")
+
+
+def decode_leaf(blob: np.ndarray[Any, Any], bases: list[int], leaf: Leaf) -> list[torch.Tensor]:
+    """One tensor leaf of several blobs: rows of one fresh tensor, in the order of ``bases``."""
+    offset, nbytes, dtype, shape = leaf
+    rows = np.empty((len(bases), nbytes), dtype=np.uint8)
+    for row, base in enumerate(bases):
+        start = base + offset
+        rows[row] = blob[start : start + nbytes]
+    batch = torch.from_numpy(rows)
+    if dtype != torch.uint8:
+        batch = batch.view(dtype)
+    return list(batch.reshape(len(bases), *shape).unbind(0))
+
+
+Build = Callable[[Sequence[Any]], Any]
+
+
+def _compile_build(node: Any, leaves: list[Leaf]) -> Build | None:
+    """``(leaf values) -> sample`` for one structure, appending its tensor leaves to ``leaves``.
+
+    None when the structure has a leaf that batch decoding does not cover.
+    """
+    if not isinstance(node, list):
+        return lambda values: node  # a JSON scalar: immutable, shared
+    tag = node[0]
+    if tag in ("t", "l"):
+        parts = [_compile_build(v, leaves) for v in node[1]]
+        if any(p is None for p in parts):
+            return None
+        return _sequence_build(tuple if tag == "t" else list, [p for p in parts if p])
+    if tag == "d":
+        if any(isinstance(k, list) for k, _ in node[1]):
+            return None  # keys that need decoding themselves: rare, one at a time
+        keys = [k for k, _ in node[1]]
+        parts = [_compile_build(v, leaves) for _, v in node[1]]
+        if any(p is None for p in parts):
+            return None
+        values = [p for p in parts if p]
+        return lambda vs: dict(zip(keys, [v(vs) for v in values], strict=True))
+    if tag == "T":
+        _, name, shape, offset, nbytes, grad = node
+        if grad or nbytes == 0:
+            return None  # autograd state, or nothing to copy: one at a time
+        at = len(leaves)
+        leaves.append((offset, nbytes, _torch_dtype(name), tuple(shape)))
+        return lambda values: values[at]
+    return None  # numpy leaves, bytes, complex numbers: decoded one at a time
+
+
+def _sequence_build(kind: type, parts: list[Build]) -> Build:
+    if kind is tuple and len(parts) == 2:  # (input, target): the common sample
+        first, second = parts
+        return lambda values: (first(values), second(values))
+    return lambda values: kind([part(values) for part in parts])
 
 
 def _tuplify(descr: Any) -> Any:

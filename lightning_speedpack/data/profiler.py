@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from typing_extensions import override
@@ -19,7 +19,7 @@ from lightning_speedpack.core.lightning import (
 )
 from lightning_speedpack.core.locations import user_code_location
 from lightning_speedpack.core.nested import leaves
-from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.data import stages as _stages
 from lightning_speedpack.data.ceilings import Verdict, loader_ceiling, verdict
 from lightning_speedpack.data.instrument import LoaderProbe, untimed_class
@@ -489,10 +489,19 @@ def _fetch_location(dataset: Any) -> str | None:
     return None
 
 
-def _doctor_factory(_ctx: Any) -> DataPipelineProfiler:
-    # A shorter probe than the default: under the doctor it runs in every fit of every script,
-    # and 8 timed batches (after the warm-up) and 3 steps are enough for a verdict.
-    return DataPipelineProfiler(probe="start", probe_batches=8, model_steps=3, log_every_n_steps=10)
+def _doctor_factory(ctx: DoctorContext) -> DataPipelineProfiler:
+    # The ceilings probe (a second worker pool, its warm-up, then model steps) costs a few
+    # tenths of a second once per fit: most of the doctor's own cost on a short fit, so only
+    # `--deep` runs it. The in-worker stage timings are always on. Under the doctor the probe is
+    # shorter than the default: 8 timed batches after the warm-up and 3 steps give a verdict.
+    probe: Literal["start", "off"] = "start" if ctx.deep else "off"
+    return DataPipelineProfiler(probe=probe, probe_batches=8, model_steps=3, log_every_n_steps=10)
 
 
-register_diagnostic("data", DataPipelineProfiler, factory=_doctor_factory, order=15)
+register_diagnostic(
+    "data",
+    DataPipelineProfiler,
+    factory=_doctor_factory,
+    order=15,
+    deep_adds="the loader and model ceilings probe (the data-bound/model-bound verdict)",
+)

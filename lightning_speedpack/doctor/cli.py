@@ -20,9 +20,10 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser(
         "doctor",
-        help="run a training script with every diagnostic attached and print a report",
+        help="run a training script with the pack's diagnostics attached and print a report",
         description="Run SCRIPT unmodified; attach the pack's diagnostics to every pl.Trainer it "
-        "builds; print one report at the end. The script's output and exit code pass through.",
+        "builds; print one report at the end. The script's output and exit code pass through. "
+        "By default the diagnostics cheap enough to leave on run; --deep adds the costlier ones.",
     )
     doctor.add_argument(
         "--json",
@@ -31,6 +32,16 @@ def _parser() -> argparse.ArgumentParser:
         "arguments after `--` go to the script untouched)",
     )
     doctor.add_argument("--quiet", action="store_true", help="do not print the report")
+    doctor.add_argument(
+        "--deep",
+        action="store_true",
+        help="also attach the diagnostics that cost more per step (the report names them)",
+    )
+    doctor.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="attach just these diagnostics, comma-separated (e.g. throughput,data)",
+    )
     doctor.add_argument(
         "--trace",
         metavar="START:COUNT",
@@ -147,10 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     from lightning_speedpack.doctor.runner import run_script
 
+    only = None if ns.only is None else [n.strip() for n in ns.only.split(",") if n.strip()]
     try:
         with _trace_environment(ns.trace, ns.trace_dir):
-            result = run_script(ns.script, ns.args)
-    except FileNotFoundError as err:
+            result = run_script(ns.script, ns.args, deep=ns.deep, only=only)
+    except (FileNotFoundError, ValueError) as err:
         print(f"speedpack doctor: {err}", file=sys.stderr)
         return 2
     if ns.json:

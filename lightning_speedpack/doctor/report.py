@@ -32,12 +32,15 @@ class Report:
 
     findings: list[Finding] = field(default_factory=list)
     runs: list[RunSummary] = field(default_factory=list)
+    #: what the run left out that ``speedpack doctor --deep`` adds (diagnostics, probes)
+    skipped: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the report with its stable keys: ``findings`` and ``runs``."""
+        """Return the report with its stable keys: ``findings``, ``runs`` and ``skipped``."""
         return {
             "findings": [asdict(f) for f in self.findings],
             "runs": [asdict(r) for r in self.runs],
+            "skipped": list(self.skipped),
         }
 
     def write_json(self, path: str | Path) -> None:
@@ -70,6 +73,10 @@ class Report:
             )
         if self.runs:
             console.print(runs)
+        if self.skipped:
+            console.print(
+                f"Left out (costlier; `speedpack doctor --deep` adds): {'; '.join(self.skipped)}."
+            )
         if not self.findings:
             console.print("No findings.")
             return

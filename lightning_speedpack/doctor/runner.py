@@ -21,7 +21,7 @@ import runpy
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +66,8 @@ def import_tools() -> None:
 
 
 CHILD_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_SCRIPT"
+DEEP_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_DEEP"  # "1": the session is --deep (for re-launched ranks)
+ONLY_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_ONLY"  # comma-separated --only names
 _BOOTSTRAP_DIR = str(Path(__file__).with_name("_bootstrap"))
 
 
@@ -150,6 +152,11 @@ class _Attached:
 class DoctorSession:
     """Attaches diagnostics to every Trainer built while installed, and collects the report.
 
+    Args:
+        deep: also attach the diagnostics registered as ``deep`` (costlier per step).
+        only: attach just these diagnostics (names as in ``registered_diagnostics()``; ``deep``
+            ones named here are attached too). Checked by :meth:`install`.
+
     Example:
         >>> session = DoctorSession()
         >>> with session.installed():
@@ -158,15 +165,62 @@ class DoctorSession:
         []
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, deep: bool = False, only: Collection[str] | None = None) -> None:
+        if only is not None and (
+            isinstance(only, str) or any(not isinstance(n, str) for n in only)
+        ):
+            raise TypeError(f"`only` must be a collection of diagnostic names, got {only!r}")
+        self.deep = bool(deep)
+        self.only = None if only is None else frozenset(only)
         self._attached: list[_Attached] = []
         self._originals: dict[type[Any], Any] = {}
 
+    @classmethod
+    def from_environment(cls) -> DoctorSession:
+        """The session ``speedpack doctor`` asked for (how its re-launched DDP ranks get it)."""
+        only = os.environ.get(ONLY_ENV, "")
+        return cls(
+            deep=os.environ.get(DEEP_ENV, "") == "1",
+            only=[n for n in only.split(",") if n] if only else None,
+        )
+
+    def selected(self) -> list[Diagnostic]:
+        """The registered diagnostics this session attaches, lowest ``order`` first."""
+        return [
+            d
+            for d in registered_diagnostics()
+            if (d.name in self.only if self.only is not None else self.deep or not d.deep)
+        ]
+
+    def skipped_deep(self) -> list[str]:
+        """What this session leaves out that ``--deep`` would add (for the report's hint)."""
+        if self.deep:
+            return []
+        skipped = [] if self.only is not None else [d.name for d in self.unselected_deep()]
+        return skipped + [f"{d.name}: {d.deep_adds}" for d in self.selected() if d.deep_adds]
+
+    def unselected_deep(self) -> list[Diagnostic]:
+        """The ``deep`` diagnostics this session does not attach."""
+        chosen = {d.name for d in self.selected()}
+        return [d for d in registered_diagnostics() if d.deep and d.name not in chosen]
+
     def install(self) -> None:
-        """Wrap ``Trainer.__init__`` of every installed Lightning namespace (idempotent)."""
+        """Wrap ``Trainer.__init__`` of every installed Lightning namespace (idempotent).
+
+        Raises:
+            ValueError: ``only`` names a diagnostic nobody registered.
+        """
         if self._originals:
             return
         import_tools()
+        if self.only is not None:
+            known = {d.name for d in registered_diagnostics()}
+            unknown = sorted(self.only - known)
+            if unknown:
+                raise ValueError(
+                    f"unknown diagnostic(s) {', '.join(unknown)}; choose from "
+                    f"{', '.join(sorted(known))}"
+                )
         for trainer_type in classes("Trainer"):
             self._originals[trainer_type] = self._wrap(trainer_type)
 
@@ -206,9 +260,9 @@ class DoctorSession:
             if isinstance(given, classes("Callback"))
             else list(given)
         )
-        ctx = DoctorContext(trainer_kwargs=dict(kwargs))
+        ctx = DoctorContext(trainer_kwargs=dict(kwargs), deep=self.deep)
         attached = _Attached(recorder=RunRecorder())
-        for diagnostic in registered_diagnostics():
+        for diagnostic in self.selected():
             mine = next((c for c in callbacks if isinstance(c, diagnostic.callback_type)), None)
             if mine is None:  # the user's own instance is reused, never doubled
                 mine = diagnostic.factory(ctx)
@@ -220,7 +274,7 @@ class DoctorSession:
 
     def report(self) -> Report:
         """Collect runs and findings from every Trainer built so far."""
-        report = Report()
+        report = Report(skipped=self.skipped_deep())
         for attached in self._attached:
             figures: dict[str, Any] = {}
             found: list[Finding] = []
@@ -276,23 +330,31 @@ class ScriptResult:
         )
 
 
-def run_script(script: str | os.PathLike[str], args: Sequence[str] = ()) -> ScriptResult:
+def run_script(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    deep: bool = False,
+    only: Collection[str] | None = None,
+) -> ScriptResult:
     """Run ``script`` as ``__main__`` with ``args`` under a :class:`DoctorSession`.
 
     The script sees the ``sys.argv`` and ``sys.path[0]`` it would see if run directly. An
     exception it raises is kept in the result (see :meth:`ScriptResult.print_traceback`), and
-    the exit code is what Python would have returned.
+    the exit code is what Python would have returned. ``deep`` and ``only`` choose the
+    diagnostics as :class:`DoctorSession` does, on every DDP rank the script starts.
 
     Raises:
         FileNotFoundError: ``script`` does not exist.
+        ValueError: ``only`` names a diagnostic nobody registered.
     """
     path = Path(script).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"no training script at {str(script)!r}")
-    session = DoctorSession()
+    session = DoctorSession(deep=deep, only=only)
     exit_code: int = 0
     error: BaseException | None = None
-    with session.installed(), _script_environment(path, args):
+    with session.installed(), _script_environment(path, args, session):
         try:
             runpy.run_path(str(path), run_name="__main__")
         except SystemExit as exc:
@@ -305,12 +367,15 @@ def run_script(script: str | os.PathLike[str], args: Sequence[str] = ()) -> Scri
 
 
 @contextmanager
-def _script_environment(path: Path, args: Sequence[str]) -> Iterator[None]:
+def _script_environment(path: Path, args: Sequence[str], session: DoctorSession) -> Iterator[None]:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    saved_env = {k: os.environ.get(k) for k in (CHILD_ENV, "PYTHONPATH")}
+    saved_env = {k: os.environ.get(k) for k in (CHILD_ENV, DEEP_ENV, ONLY_ENV, "PYTHONPATH")}
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.parent))
     os.environ[CHILD_ENV] = str(path)
+    # Re-launched DDP ranks build their session from these (see _bootstrap/sitecustomize.py).
+    os.environ[DEEP_ENV] = "1" if session.deep else "0"
+    os.environ[ONLY_ENV] = ",".join(sorted(session.only)) if session.only is not None else ""
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (_BOOTSTRAP_DIR, saved_env["PYTHONPATH"]) if p
     )

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
-from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.retention import holders as retention
 from lightning_speedpack.retention.report import (
@@ -496,8 +496,22 @@ class LossRetentionDetector(Callback):
         return [asdict(f) for f in self.findings]
 
 
-def _factory(_ctx: Any) -> LossRetentionDetector:
-    return LossRetentionDetector(mode="warn")
+# Under the doctor a holder is reported at the end of the run, so finding it within 2 steps
+# buys nothing there: its walk runs every 4th step (the walk was the largest per-step cost of
+# the doctor's default set); `--deep` walks every step, as the callback does by default.
+_DOCTOR_CHECK_EVERY = 4
 
 
-register_diagnostic("loss_retention", LossRetentionDetector, factory=_factory, order=30)
+def _factory(ctx: DoctorContext) -> LossRetentionDetector:
+    return LossRetentionDetector(
+        mode="warn", check_every_n_steps=1 if ctx.deep else _DOCTOR_CHECK_EVERY
+    )
+
+
+register_diagnostic(
+    "loss_retention",
+    LossRetentionDetector,
+    factory=_factory,
+    order=30,
+    deep_adds="the walk for retained graphs on every step (by default every 4th)",
+)

@@ -15,6 +15,7 @@ import torch
 from lightning_speedpack.data import arena as _arena
 from lightning_speedpack.data.arena import MISSING, READY, WRITING, Arena
 from lightning_speedpack.data.codec import encode
+from tests.helpers.samples import assert_same
 
 FP = bytes(range(32))
 OTHER_FP = bytes(32)
@@ -424,3 +425,50 @@ def test_a_fork_while_another_thread_holds_the_arena_locks_cannot_deadlock(
     assert (stats["hits"], stats["misses"], stats["items"]) == (1, 1, 1)
     arena.close()
     assert not (tmp_path / "a").exists()  # the child never owned it: the parent's close unlinks
+
+
+def _varied(i: int) -> Any:
+    """Samples of several structures; some batch-decodable, some decoded one at a time."""
+    kinds = [
+        lambda: (torch.full((3, 4), i, dtype=torch.uint8), i % 3),  # labels differ: same layout
+        lambda: {"x": torch.arange(6, dtype=torch.bfloat16) * i, "y": [i, torch.tensor(float(i))]},
+        lambda: (np.arange(4, dtype=np.float32) + i, b"raw" * i),  # numpy and bytes leaves
+        lambda: (torch.zeros(0, 2), torch.ones(2, requires_grad=True) * 1.0),  # empty; grad
+        lambda: [torch.tensor(i, dtype=torch.int64), (), {}],  # a 0-d tensor, empty containers
+    ]
+    return kinds[i % len(kinds)]()
+
+
+def test_a_batch_decodes_to_the_same_samples_as_one_at_a_time(tmp_path: Path) -> None:
+    n = 40
+    arena = open_arena(tmp_path / "a", n=n)
+    for i in range(n):
+        if i != 7:  # one index never published
+            assert arena.put(i, encode(_varied(i), i)) == "stored"
+    order = [5, 0, 10, 7, 15, 20, 1, 25, 6, 30, 11, 2, 3, 4, 39, 35]
+    batch = arena.get_many(order, n)
+    each = arena.get_many(order, n, together=False)  # what DataLoader workers use
+    for index, got, alone in zip(order, batch, each, strict=True):
+        if index == 7:
+            assert got is MISSING
+            assert alone is MISSING
+        else:
+            assert_same(got, arena.get(index))
+            assert_same(alone, arena.get(index))
+    same_layout = [0, 5, 10, 15, 20, 25, 30, 35]  # only `(uint8 tensor, label)` samples
+    for index, got in zip(same_layout, arena.get_many(same_layout, n), strict=True):
+        assert_same(got, (torch.full((3, 4), index, dtype=torch.uint8), index % 3))
+    arena.close()
+
+
+def test_samples_of_a_batch_may_be_modified_without_touching_the_cache(tmp_path: Path) -> None:
+    arena = open_arena(tmp_path / "a", n=4)
+    for i in range(4):
+        arena.put(i, encode((torch.full((2, 2), float(i)), i), i))
+    first = arena.get_many([0, 1, 2, 3], 4)
+    for x, _ in first:
+        x.mul_(-1).add_(100)  # an in-place transform
+    again = arena.get_many([0, 1, 2, 3], 4)
+    assert [float(x[0, 0]) for x, _ in again] == [0.0, 1.0, 2.0, 3.0]
+    assert [float(x[0, 0]) for x, _ in first] == [100.0, 99.0, 98.0, 97.0]  # rows independent
+    arena.close()

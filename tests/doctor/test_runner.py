@@ -146,7 +146,7 @@ def test_cli_writes_the_json_report_and_keeps_the_exit_code(tmp_path: Path) -> N
     assert "script args: ['a']" in proc.stdout
     assert "speedpack doctor" in proc.stderr  # the report goes to stderr, stdout stays the script's
     report = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert set(report) == {"findings", "runs"}
+    assert set(report) == {"findings", "runs", "skipped"}
     assert set(report["runs"][0]) >= {"wall_s", "samples", "samples_per_sec"}
     assert report["runs"][0]["samples"] == 5
     for finding in report["findings"]:
@@ -179,14 +179,24 @@ with open(os.path.join({root!r}, f"rank{{trainer.global_rank}}.txt"), "w") as f:
 
 @pytest.mark.ddp
 @pytest.mark.timeout(240)
-def test_ranks_relaunched_by_lightning_get_the_same_diagnostics(tmp_path: Path) -> None:
+@pytest.mark.parametrize("choice", [[], ["--deep"], ["--only", "throughput,sync_points"]])
+def test_ranks_relaunched_by_lightning_get_the_same_diagnostics(
+    tmp_path: Path, choice: list[str]
+) -> None:
     script = _script(tmp_path, DDP_SCRIPT.format(root=str(tmp_path)))
-    proc = _cli("--json", str(tmp_path / "report.json"), str(script), cwd=tmp_path)
+    proc = _cli(*choice, "--json", str(tmp_path / "report.json"), str(script), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0 = (tmp_path / "rank0.txt").read_text()
     rank1 = (tmp_path / "rank1.txt").read_text()
     assert "RunRecorder" in rank0
     assert rank0 == rank1  # same callbacks on both ranks, so their collectives match
+    wanted = DoctorSession(
+        deep="--deep" in choice, only=choice[1].split(",") if choice[1:] else None
+    )
+    wanted.install()  # registers every tool, so `selected` knows them all
+    wanted.uninstall()
+    expected = {d.callback_type.__name__ for d in wanted.selected()} | {"RunRecorder"}
+    assert set(rank0.split(",")) == expected
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["runs"][0]["samples"] == 3 * 2  # 3 batches of 1 on each of 2 ranks
 
@@ -325,11 +335,12 @@ def _shape(findings: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[s
     }
 
 
-def _run_as_a_user_would(script: Path, args: Sequence[str] = ()) -> Any:
-    """``run_script`` without pytest's "error" filter: the script's warnings are not under test."""
+def _run_as_a_user_would(script: Path, args: Sequence[str] = (), *, deep: bool = True) -> Any:
+    """``run_script`` (``--deep`` by default: the full report) without pytest's "error"
+    filter: the script's warnings are not under test."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return run_script(script, args)
+        return run_script(script, args, deep=deep)
 
 
 def _report_shape(report: Any) -> dict[str, Any]:
@@ -360,6 +371,12 @@ def test_a_lightning_script_gets_the_same_report_as_its_pytorch_lightning_twin(
     assert shapes["L"] == shapes["pl"]
     found = {(c, i, loc) for c, i, _sev, loc in shapes["L"]["findings"]}
     assert found >= EXPECTED_TWIN_FINDINGS  # the twins agree on a full report, not an empty one
+    default = _run_as_a_user_would(_twin(tmp_path, "L"), deep=False)
+    default_found = {(c, i, loc) for c, i, _sev, loc in _report_shape(default.report)["findings"]}
+    # Without --deep: everything but the ceilings' verdict, and the report says what it left out.
+    assert default_found >= EXPECTED_TWIN_FINDINGS - {("data", "data-bound", "train.py:12")}
+    assert ("data", "data-bound", "train.py:12") not in default_found
+    assert any(s.startswith("data: the loader and model ceilings") for s in default.report.skipped)
     assert shapes["L"]["runs"] == [(6 * 7, shapes["L"]["runs"][0][1])]
     assert {
         "peak_rss_mb",
@@ -377,7 +394,7 @@ def test_speedpack_doctor_on_an_import_lightning_as_l_script(tmp_path: Path) -> 
     twin = _run_as_a_user_would(_twin(tmp_path, "pl"))
     assert twin.exit_code == 0, twin.error
     script = _twin(tmp_path, "L")
-    proc = _cli("--json", str(tmp_path / "report.json"), str(script), cwd=tmp_path)
+    proc = _cli("--deep", "--json", str(tmp_path / "report.json"), str(script), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert _shape(report["findings"], report["runs"]) == _report_shape(twin.report)
@@ -445,3 +462,74 @@ def test_ranks_relaunched_by_lightning_pytorch_get_the_same_diagnostics(tmp_path
     assert rank0 == rank1
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["runs"][0]["samples"] == 3 * 2
+
+
+class DeepProbe(Probe):
+    """A diagnostic registered as ``deep`` for these tests."""
+
+
+@pytest.fixture
+def deep_probe() -> Iterator[None]:
+    register_diagnostic("deep_probe", DeepProbe, factory=lambda ctx: DeepProbe(), deep=True)
+    yield
+    unregister_diagnostic("deep_probe")
+
+
+def _attached(session: DoctorSession, tmp_path: Path) -> set[str]:
+    with session.installed():
+        trainer = Trainer(**quiet_trainer_kwargs(tmp_path, max_steps=1))
+    return {type(c).__name__ for c in trainer.callbacks}
+
+
+def test_deep_diagnostics_run_only_with_deep_and_the_report_names_them(
+    tmp_path: Path, probe: None, deep_probe: None
+) -> None:
+    default = DoctorSession()
+    names = _attached(default, tmp_path)
+    assert "Probe" in names
+    assert "DeepProbe" not in names
+    assert "deep_probe" in default.report().skipped
+    assert "deep_probe" in default.report().to_dict()["skipped"]
+    deep = DoctorSession(deep=True)
+    assert {"Probe", "DeepProbe"} <= _attached(deep, tmp_path)
+    assert deep.report().skipped == []
+
+
+def test_only_attaches_just_the_named_diagnostics(
+    tmp_path: Path, probe: None, deep_probe: None
+) -> None:
+    names = _attached(DoctorSession(only=["deep_probe"]), tmp_path)
+    assert "DeepProbe" in names
+    assert "Probe" not in names
+    assert not names & {"ThroughputLogger", "SyncPointWarnings", "SpeedAdvisor"}
+    original = pl.Trainer.__init__
+    with pytest.raises(ValueError, match=r"unknown diagnostic.*nope.*choose from.*probe"):
+        DoctorSession(only=["nope"]).install()
+    assert pl.Trainer.__init__ is original  # a refused session wraps nothing
+    with pytest.raises(TypeError, match="collection of diagnostic names"):
+        DoctorSession(only="throughput")
+
+
+def test_the_cli_refuses_an_unknown_diagnostic_in_one_line(tmp_path: Path) -> None:
+    script = _script(tmp_path, "print('never run')\n")
+    proc = _cli("--only", "throughput,nope", str(script), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "never run" not in proc.stdout
+    assert "unknown diagnostic(s) nope; choose from" in proc.stderr
+
+
+def test_the_session_for_relaunched_ranks_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lightning_speedpack.doctor.runner import DEEP_ENV, ONLY_ENV
+
+    monkeypatch.setenv(DEEP_ENV, "1")
+    monkeypatch.setenv(ONLY_ENV, "")
+    session = DoctorSession.from_environment()
+    assert session.deep
+    assert session.only is None
+    monkeypatch.setenv(DEEP_ENV, "0")
+    monkeypatch.setenv(ONLY_ENV, "throughput,data")
+    session = DoctorSession.from_environment()
+    assert not session.deep
+    assert session.only == {"throughput", "data"}

@@ -25,7 +25,7 @@ from pytorch_lightning.demos.boring_classes import BoringModel
 from pytorch_lightning.loggers import CSVLogger
 
 from lightning_speedpack import LossRetentionDetector, RetainedGraphError
-from lightning_speedpack.core.registry import registered_diagnostics
+from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
 from lightning_speedpack.core.tables import SUMMARY_FILE, TABLES, csv_file_name
 from lightning_speedpack.doctor.runner import run_script
 from lightning_speedpack.retention import callback as loss_retention
@@ -642,12 +642,18 @@ def test_registered_with_the_doctor() -> None:
     (diagnostic,) = [d for d in registered_diagnostics() if d.name == "loss_retention"]
     assert diagnostic.callback_type is LossRetentionDetector
     assert diagnostic.order == 30
-    built = diagnostic.factory(None)  # type: ignore[arg-type]
+    built = diagnostic.factory(DoctorContext())
     assert isinstance(built, LossRetentionDetector)
     assert built.mode == "warn"
+    assert built.check_every_n_steps == 4  # the doctor's default: every 4th step
+    deep = diagnostic.factory(DoctorContext(deep=True))
+    assert isinstance(deep, LossRetentionDetector)
+    assert deep.check_every_n_steps == 1  # --deep: every step, as the callback's own default
+    assert "every step" in diagnostic.deep_adds
 
 
-def test_doctor_report_has_a_retention_section(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("deep", "first_seen"), [(True, 1), (False, 4)])
+def test_doctor_report_has_a_retention_section(tmp_path: Path, deep: bool, first_seen: int) -> None:
     script = tmp_path / "my_script.py"
     script.write_text(
         textwrap.dedent(
@@ -673,7 +679,7 @@ def test_doctor_report_has_a_retention_section(tmp_path: Path) -> None:
         )
     )
     with pytest.warns(RetainedGraphWarning, match="my_script.GLOBAL_LOSSES"):
-        result = run_script(script)
+        result = run_script(script, deep=deep)
     assert result.exit_code == 0
     ours = [f for f in result.report.findings if f.component == "loss_retention"]
     assert len(ours) == 1
@@ -685,7 +691,7 @@ def test_doctor_report_has_a_retention_section(tmp_path: Path) -> None:
         "count": 4,
         "est_bytes": finding.figures["est_bytes"],
         "backpropagated": True,
-        "step_first_seen": 1,
+        "step_first_seen": first_seen,  # the default walks every 4th step: found later
     }
     assert ".detach()" in (finding.fix or "")
     assert result.report.runs[0].figures["retained_graphs"] == 4

@@ -15,7 +15,7 @@ if _script and sys.argv and sys.argv[0] and os.path.abspath(sys.argv[0]) == _scr
     try:
         from lightning_speedpack.doctor.runner import DoctorSession
 
-        DoctorSession().install()
+        DoctorSession.from_environment().install()
     except Exception as _err:  # never stop the user's rank from starting
         print(f"speedpack doctor: could not attach to this rank: {_err}", file=sys.stderr)
 

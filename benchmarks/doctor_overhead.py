@@ -1,11 +1,15 @@
-"""The doctor's own cost: a fit with every registered diagnostic attached against none.
+"""The doctor's own cost: a fit with its diagnostics attached against none.
 
 The small CNN with 2 persistent DataLoader workers (the doctor's typical patient), fitted with
 ``DoctorSession().installed()`` around the Trainer -- exactly what ``speedpack doctor`` does to a
-script -- against the same fit without it, alternating the two, median of ``--repeats``.
-Goal (issue 17): <= 1.05x.
+script -- against the same fit without it, alternating the variants, median of ``--repeats``:
+the default set (what ``speedpack doctor`` attaches) and ``--deep`` (every diagnostic). Goal
+(issue 17): the default set <= 1.05x.
 
-Run ``.venv/bin/python benchmarks/doctor.py [--quick]``.
+``--breakdown`` adds one variant per diagnostic (``DoctorSession(only=[name])``): where the
+cost goes, and the measurement behind which diagnostics are ``deep``.
+
+Run ``.venv/bin/python benchmarks/doctor_overhead.py [--quick] [--epochs N] [--breakdown]``.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ from __future__ import annotations
 import argparse
 import logging
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from _common import SmallCNN, alternate, print_table, quiet_trainer
 from torch.utils.data import DataLoader
 
+from lightning_speedpack.core.registry import registered_diagnostics
 from lightning_speedpack.doctor.runner import DoctorSession
 
 
@@ -31,11 +37,10 @@ class LoadedCNN(SmallCNN):
         )
 
 
-def _fit(epochs: int, doctor: bool) -> float:
+def _fit(epochs: int, session: DoctorSession | None) -> float:
     import time
 
-    session = DoctorSession()
-    if doctor:
+    if session is not None:
         session.install()
     try:
         trainer = quiet_trainer(max_epochs=epochs, log_every_n_steps=8)
@@ -44,7 +49,8 @@ def _fit(epochs: int, doctor: bool) -> float:
         trainer.fit(model)
         return time.perf_counter() - start
     finally:
-        session.uninstall()
+        if session is not None:
+            session.uninstall()
 
 
 def main() -> None:
@@ -54,21 +60,32 @@ def main() -> None:
     parser.add_argument(
         "--epochs", type=int, default=None, help="epochs per fit (one-time costs weigh less)"
     )
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also each diagnostic alone against none"
+    )
     args = parser.parse_args()
-    repeats = args.repeats or 5
+    repeats = args.repeats or (3 if args.quick else 5)
     epochs = args.epochs or (2 if args.quick else 6)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    _fit(1, doctor=True)  # warm-up: imports every tool, fills caches
-    medians = alternate(
-        {"no doctor": lambda: _fit(epochs, False), "doctor": lambda: _fit(epochs, True)},
-        repeats=repeats,
-    )
+    _fit(1, DoctorSession(deep=True))  # warm-up: imports every tool, fills caches
+    variants: dict[str, Callable[[], float]] = {
+        "no doctor": lambda: _fit(epochs, None),
+        "doctor (default)": lambda: _fit(epochs, DoctorSession()),
+        "doctor --deep": lambda: _fit(epochs, DoctorSession(deep=True)),
+    }
+    deep = {d.name for d in registered_diagnostics() if d.deep}
+    if args.breakdown:
+        for d in registered_diagnostics():
+            label = f"only {d.name}" + (" (deep)" if d.deep else "")
+            variants[label] = lambda name=d.name: _fit(epochs, DoctorSession(only=[name]))
+    medians = alternate(variants, repeats=repeats)
     base = medians["no doctor"]
     print_table(
-        f"SmallCNN, 2 workers, {epochs} epochs x 16 steps, median of {repeats} alternating fits",
+        f"SmallCNN, 2 workers, {epochs} epochs x 16 steps, median of {repeats} alternating fits "
+        f"(deep: {', '.join(sorted(deep)) or 'none'})",
         ["variant", "fit s", "x no doctor"],
         [[name, seconds, seconds / base] for name, seconds in medians.items()],
     )
