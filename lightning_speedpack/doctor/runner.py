@@ -153,7 +153,9 @@ class DoctorSession:
     """Attaches diagnostics to every Trainer built while installed, and collects the report.
 
     Args:
-        deep: also attach the diagnostics registered as ``deep`` (costlier per step).
+        deep: also attach the diagnostics registered as ``deep``, and let every factory turn on
+            its costlier measurements (``DoctorContext.deep``: the data profiler's ceilings
+            probe, the retention walk on every step).
         only: attach just these diagnostics (names as in ``registered_diagnostics()``; ``deep``
             ones named here are attached too). Checked by :meth:`install`.
 

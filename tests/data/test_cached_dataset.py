@@ -380,6 +380,9 @@ elif mode == "exception":
     cached[0]
     raise ValueError("boom")
 elif mode == "interrupt":
+    # Ctrl-C as a terminal delivers it, whatever this test's parent had done with SIGINT (a
+    # shell's background job inherits it ignored, and Python then installs no handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cached[0]
     print("ready", flush=True)
     time.sleep(60)
