@@ -108,13 +108,7 @@ def _hook_times(
     """
     per_fit: dict[str, list[float]] = defaultdict(list)
     calls: dict[str, int] = {}
-    cls = type(factory())
-    hooks = [
-        n
-        for n in dir(cls)
-        if (n.startswith("on_") or n in ("setup", "teardown"))
-        and getattr(cls, n) is not getattr(Callback, n, None)
-    ]
+    hooks = _overridden_hooks(type(factory()))
     for _ in range(fits):
         callback = factory()
         spent: dict[str, float] = dict.fromkeys(hooks, 0.0)
@@ -130,6 +124,16 @@ def _hook_times(
     return {name: (calls[name], min(v)) for name, v in per_fit.items()}
 
 
+def _overridden_hooks(cls: type[Callback]) -> list[str]:
+    """The Lightning hooks ``cls`` overrides."""
+    return [
+        n
+        for n in dir(cls)
+        if (n.startswith("on_") or n in ("setup", "teardown"))
+        and getattr(cls, n) is not getattr(Callback, n, None)
+    ]
+
+
 def _hollow_twin(make: Callable[[], Callback]) -> Callable[[], Callback]:
     """A factory of Callbacks overriding the same hooks as ``make()``'s, with empty bodies."""
     cls = type(make())
@@ -137,13 +141,8 @@ def _hollow_twin(make: Callable[[], Callback]) -> Callable[[], Callback]:
     def empty(self: Callback, *args: Any, **kwargs: Any) -> None:
         return None
 
-    names = [
-        n
-        for n in dir(cls)
-        if (n.startswith("on_") or n in ("setup", "teardown"))
-        and getattr(cls, n) is not getattr(Callback, n, None)
-    ]
-    twin = type(f"Empty{cls.__name__}", (Callback,), dict.fromkeys(names, empty))
+    hooks = dict.fromkeys(_overridden_hooks(cls), empty)
+    twin = type(f"Empty{cls.__name__}", (Callback,), hooks)
     return lambda: twin()
 
 

@@ -367,16 +367,18 @@ class Arena:
         """Find (or build) the decoder of the slot at ``index``; -1 if there are too many."""
         (length,) = _LEN.unpack_from(self._h.mm, start)
         text = self._h.mm[start + _LEN.size : start + _LEN.size + length]
-        decoder = decoder_of(text) if text not in self._decoder_index else None
+        d = self._decoder_index.get(text)
+        if d is None and len(self._decoders) >= _MAX_DECODERS:
+            return -1  # checked before compiling: past the cap every new text would pay for it
+        decoder = decoder_of(text) if d is None else None  # compiled outside the lock
         # Numbering must not race between threads reading at once (a thread-pool loader): two
         # texts given one number would decode each other's samples. The handle's count lock is
         # short-held and replaced in a forked child.
         with self._h.count_lock:
             d = self._decoder_index.get(text)
             if d is None:
-                if len(self._decoders) >= _MAX_DECODERS:
-                    return -1
-                decoder = decoder or decoder_of(text)
+                if decoder is None or len(self._decoders) >= _MAX_DECODERS:
+                    return -1  # another thread filled the last places meanwhile
                 d = self._decoder_index[text] = len(self._decoders)
                 self._decoders.append(decoder)
                 self._layout_of.append(

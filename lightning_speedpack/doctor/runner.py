@@ -21,7 +21,7 @@ import runpy
 import sys
 import time
 import traceback
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,13 +167,12 @@ class DoctorSession:
         []
     """
 
-    def __init__(self, *, deep: bool = False, only: Collection[str] | None = None) -> None:
-        if only is not None and (
-            isinstance(only, str) or any(not isinstance(n, str) for n in only)
-        ):
+    def __init__(self, *, deep: bool = False, only: Iterable[str] | None = None) -> None:
+        names = None if only is None or isinstance(only, str) else list(only)  # read once
+        if only is not None and (names is None or any(not isinstance(n, str) for n in names)):
             raise TypeError(f"`only` must be a collection of diagnostic names, got {only!r}")
         self.deep = bool(deep)
-        self.only = None if only is None else frozenset(only)
+        self.only = None if names is None else frozenset(names)
         self._attached: list[_Attached] = []
         self._originals: dict[type[Any], Any] = {}
 
@@ -337,7 +336,7 @@ def run_script(
     args: Sequence[str] = (),
     *,
     deep: bool = False,
-    only: Collection[str] | None = None,
+    only: Iterable[str] | None = None,
 ) -> ScriptResult:
     """Run ``script`` as ``__main__`` with ``args`` under a :class:`DoctorSession`.
 

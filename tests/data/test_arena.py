@@ -472,3 +472,18 @@ def test_samples_of_a_batch_may_be_modified_without_touching_the_cache(tmp_path:
     assert [float(x[0, 0]) for x, _ in again] == [0.0, 1.0, 2.0, 3.0]
     assert [float(x[0, 0]) for x, _ in first] == [100.0, 99.0, 98.0, 97.0]  # rows independent
     arena.close()
+
+
+def test_past_the_decoder_cap_samples_are_decoded_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_arena, "_MAX_DECODERS", 2)
+    arena = open_arena(tmp_path / "a", n=6)
+    for i in range(6):  # six labels: six structure texts, one tensor layout
+        arena.put(i, encode((torch.full((2,), i, dtype=torch.int16), i), i))
+    for _ in range(2):  # the second read takes the learned path for the first two
+        batch = arena.get_many(list(range(6)), 6)
+        for i, got in enumerate(batch):
+            assert_same(got, (torch.full((2,), i, dtype=torch.int16), i))
+    assert len(arena._decoders) == 2  # no decoder was built past the cap
+    arena.close()

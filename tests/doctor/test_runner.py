@@ -533,3 +533,9 @@ def test_the_session_for_relaunched_ranks_comes_from_the_environment(
     session = DoctorSession.from_environment()
     assert not session.deep
     assert session.only == {"throughput", "data"}
+
+
+def test_only_may_be_any_iterable_of_names(tmp_path: Path, probe: None) -> None:
+    session = DoctorSession(only=(name for name in ["probe"]))  # read once, not consumed twice
+    assert session.only == {"probe"}
+    assert "Probe" in _attached(session, tmp_path)
