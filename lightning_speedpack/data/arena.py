@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
+import torch
 
 from lightning_speedpack.data import liveness
 from lightning_speedpack.data.arena_file import (
@@ -87,9 +88,11 @@ from lightning_speedpack.data.codec import (
     ALIGN,
     Decoder,
     EncodedSample,
+    Leaf,
     decode,
     decode_leaf,
     decoder_of,
+    leaf_views,
     plan_of,
 )
 from lightning_speedpack.data.codec import _PARSED as _PLANS
@@ -115,6 +118,7 @@ EMPTY, READY, WRITING = 0, 1, 2
 _MAX_DECODERS = 4096  # < 2**15: a decoder number fits the per-slot int16
 
 StoreResult = Literal["stored", "skipped", "budget_exhausted_now", "budget_exhausted"]
+GetMany = Literal["each", "together", "views"]
 
 
 class _Missing:
@@ -165,6 +169,9 @@ class Arena:
         # Decoders whose tensor leaves lie alike share a layout: a batch decodes them together.
         self._layout_of: list[int] = []  # decoder -> layout (-1: decoded one at a time)
         self._layout_index: dict[tuple[Any, ...], int] = {}
+        # The whole mapping as a tensor per dtype, for views (made on first use, with the
+        # array they were made from: a re-mapped arena gets new ones).
+        self._flats: tuple[np.ndarray[Any, Any], dict[torch.dtype, torch.Tensor]] | None = None
         self._finalizer = weakref.finalize(self, handle.close, functools.partial(release, handle))
 
     # ----------------------------------------------------------------- opening and closing
@@ -261,6 +268,7 @@ class Arena:
         """Unmap; an owner also deregisters, and the last owner of a shared file unlinks it."""
         if self._finalizer.alive:
             # Drop this object's views first so the mapping can really be closed.
+            self._flats = None
             del self._words, self._counters, self._fillers, self._slots, self._bytes
             del self._slot_words, self._counter_words
             self._finalizer()
@@ -282,25 +290,36 @@ class Arena:
             return MISSING
         return decode(self._bytes, self.data_start + words[at + 2])
 
-    def get_many(self, indices: Sequence[Any], n: int, *, together: bool = True) -> list[Any]:
+    def get_many(self, indices: Sequence[Any], n: int, *, how: GetMany = "together") -> list[Any]:
         """The decoded samples at ``indices``, ``MISSING`` where not published or not in [0, n).
 
-        For a whole batch (the DataLoader's batched fetch). With ``together``, samples whose
-        tensors lie alike are decoded together, each tensor leaf copied into one fresh tensor
-        for the batch whose rows the samples get (see
-        :class:`~lightning_speedpack.data.codec.Decoder`); this process then keeps a 2-byte
-        decoder number per slot. Without it, each sample is decoded on its own.
+        For a whole batch (the DataLoader's batched fetch). ``how``:
+
+        - ``"each"``: each sample decoded on its own (its own fresh tensors).
+        - ``"together"``: samples whose tensors lie alike are decoded together, each tensor
+          leaf copied into one fresh tensor for the batch whose rows the samples get (see
+          :class:`~lightning_speedpack.data.codec.Decoder`).
+        - ``"views"``: as ``"together"``, but each tensor is a view into the arena itself,
+          nothing copied -- only for a caller that copies them before anyone can see them
+          (a write into a view would change the cache for every process).
+
+        ``"together"`` and ``"views"`` keep a 2-byte decoder number per slot in this process.
         """
-        if not together:
+        if how == "each":
             return self._get_each(indices, n)
         out: list[Any] = [MISSING] * len(indices)
         blob = self._bytes
         for shape_id, (positions, bases, decoders) in self._by_layout(indices, n, out).items():
             leaves = decoders[0].leaves
-            if shape_id < 0 or leaves is None or len(bases) == 1:
+            columns = None
+            if shape_id >= 0 and leaves is not None:
+                if how == "views":
+                    columns = self._leaf_views(bases, leaves)
+                elif len(bases) > 1:
+                    columns = [decode_leaf(blob, bases, leaf) for leaf in leaves]
+            if columns is None:
                 samples = [d.one(blob, base) for d, base in zip(decoders, bases, strict=True)]
             else:
-                columns = [decode_leaf(blob, bases, leaf) for leaf in leaves]
                 values = zip(*columns, strict=True) if columns else [()] * len(bases)
                 samples = [d.build(v) for d, v in zip(decoders, values, strict=True)]
             if len(samples) == len(out):
@@ -308,6 +327,27 @@ class Arena:
             for pos, sample in zip(positions, samples, strict=True):
                 out[pos] = sample
         return out
+
+    def _leaf_views(
+        self, bases: list[int], leaves: tuple[Leaf, ...]
+    ) -> list[list[torch.Tensor]] | None:
+        """Each leaf of the blobs at ``bases`` as views into the arena; None if one can't be."""
+        flats = self._flats
+        if flats is None or flats[0] is not self._bytes:  # first use, or a new mapping
+            whole = torch.from_numpy(self._bytes)
+            flats = self._flats = (self._bytes, {torch.uint8: whole})
+        columns = []
+        for leaf in leaves:
+            dtype = leaf[2]
+            flat = flats[1].get(dtype)
+            if flat is None:
+                usable_bytes = len(self._bytes) // dtype.itemsize * dtype.itemsize
+                flat = flats[1][dtype] = flats[1][torch.uint8][:usable_bytes].view(dtype)
+            column = leaf_views(flat, bases, leaf)
+            if column is None:
+                return None
+            columns.append(column)
+        return columns
 
     def _by_layout(
         self, indices: Sequence[Any], n: int, out: list[Any]

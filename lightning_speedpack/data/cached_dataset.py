@@ -8,21 +8,25 @@ import operator
 import os
 import re
 import shutil
+import sys
 import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
+from types import FrameType
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 from lightning_speedpack.data import reclaim
-from lightning_speedpack.data.arena import MISSING, Arena
+from lightning_speedpack.data.arena import MISSING, Arena, GetMany
 from lightning_speedpack.data.codec import encode
+from lightning_speedpack.data.instrument import TIMED_GETITEMS_CODE, TimedCollate
 from lightning_speedpack.data.node import node_id
 from lightning_speedpack.data.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, record_stage, stage
 from lightning_speedpack.data.stages import active as stages_active
@@ -220,6 +224,27 @@ def open_arena(
         file = stem + re.sub(r"[^A-Za-z0-9._-]", "_", job)
     kind: Literal["shared", "disk"] = "disk" if storage == "disk" else "shared"
     return Arena.open(file, fingerprint=fingerprint, n_slots=n_slots, capacity=budget, kind=kind)
+
+
+_FETCH_CODE = _MapDatasetFetcher.fetch.__code__
+
+
+def _default_collate_follows(frame: FrameType) -> bool:
+    """Whether ``frame`` is torch's map-style fetcher, about to call ``default_collate``.
+
+    Either torch's own function or it under the DataPipelineProfiler's timer (whose
+    timed ``__getitems__`` may stand between); a user's collate (which might modify samples in
+    place) never counts. If torch renames its fetcher
+    this says False: the samples are then copied, as for any other caller.
+    """
+    if frame.f_code is TIMED_GETITEMS_CODE and frame.f_back is not None:
+        frame = frame.f_back  # the DataPipelineProfiler's timer around this dataset
+    if frame.f_code is not _FETCH_CODE:
+        return False
+    collate = getattr(frame.f_locals.get("self"), "collate_fn", None)
+    if type(collate) is TimedCollate:
+        collate = collate.fn
+    return collate is default_collate
 
 
 def check_options(
@@ -438,10 +463,7 @@ class CachedDataset(Dataset[Any]):
             return [self[i] for i in indices]
         profiling = stages_active()
         t0 = perf_counter() if profiling else 0.0
-        # Decoding a batch together saves the main process (0 workers) a third of its time per
-        # sample; in a worker the one-at-a-time path is as fast as a TensorDataset already, and
-        # needs no batch-sized buffer that would stay in each worker's heap.
-        samples = arena.get_many(indices, self._len, together=get_worker_info() is None)
+        samples = arena.get_many(indices, self._len, how=self._read_how())
         read = perf_counter() - t0 if profiling else 0.0  # before any miss is decoded
         hits = len(indices)
         for k, sample in enumerate(samples):
@@ -461,6 +483,17 @@ class CachedDataset(Dataset[Any]):
             record_stage(TRANSFORM_STAGE, perf_counter() - t0, len(out))
             return out
         return [transform(s) for s in samples]
+
+    def _read_how(self) -> GetMany:
+        """How :meth:`__getitems__` reads its hits (called from it: looks at its caller)."""
+        if self.transform is None and _default_collate_follows(sys._getframe(2)):
+            # torch's fetcher passes the samples straight to default_collate, which stacks
+            # (copies) every tensor: views into the arena are never seen, so never written.
+            return "views"
+        # Decoding a batch together saves the main process (0 workers) a third of its time per
+        # sample; in a worker the one-at-a-time path is as fast already, and needs no
+        # batch-sized buffer that would stay in each worker's heap.
+        return "together" if get_worker_info() is None else "each"
 
     def cache_info(self) -> CacheInfo:
         """Hits, misses, items, bytes used, capacity, budget state: summed over the node."""

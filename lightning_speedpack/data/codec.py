@@ -328,6 +328,32 @@ def decode_leaf(blob: np.ndarray[Any, Any], bases: list[int], leaf: Leaf) -> lis
     return list(batch.reshape(len(bases), *shape).unbind(0))
 
 
+def leaf_views(flat: torch.Tensor, bases: list[int], leaf: Leaf) -> list[torch.Tensor] | None:
+    """One tensor leaf of several blobs as views into ``flat``, in the order of ``bases``.
+
+    ``flat`` is the whole blob as a tensor of the leaf's dtype; nothing is copied. None when a
+    start is not a multiple of the dtype's size. For callers that copy the values before anyone
+    can see them (the DataLoader's default collate stacks them): a write into a view would
+    change the cache itself.
+    """
+    offset, _, dtype, shape = leaf
+    size = dtype.itemsize
+    starts = [base + offset for base in bases]
+    if size > 1 and any(start % size for start in starts):
+        return None
+    stride = _contiguous_strides(shape)
+    as_strided = flat.as_strided
+    return [as_strided(shape, stride, start // size) for start in starts]
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
 Build = Callable[[Sequence[Any]], Any]
 
 

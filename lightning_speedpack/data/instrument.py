@@ -21,6 +21,7 @@ import functools
 import importlib
 import os
 from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import Any
 
 import torch
@@ -76,6 +77,25 @@ class _TimedIterator:
         return item
 
 
+def _timed_getitems(getitems: Callable[[Any, list[Any]], Any]) -> Callable[..., Any]:
+    @functools.wraps(getitems)
+    def __getitems__(self: Any, indices: list[Any]) -> Any:
+        rec = _stages._ACTIVE
+        if rec is None:
+            return getitems(self, indices)
+        start = _clock()
+        items = getitems(self, indices)
+        rec.add_fetch(_clock() - start, len(indices))
+        return items
+
+    return __getitems__
+
+
+#: The code of every timed ``__getitems__``: a dataset that looks at who called it (the
+#: CachedDataset) looks past this frame.
+TIMED_GETITEMS_CODE: CodeType = _timed_getitems(lambda self, indices: None).__code__
+
+
 def timed_dataset_class(base: type) -> type:
     """A subclass of ``base`` that times its fetches (cached per class).
 
@@ -121,18 +141,7 @@ def timed_dataset_class(base: type) -> type:
 
         ns["__getitem__"] = __getitem__
     if getitems is not None and not is_stream:
-
-        @functools.wraps(getitems)
-        def __getitems__(self: Any, indices: list[Any]) -> Any:
-            rec = _stages._ACTIVE
-            if rec is None:
-                return getitems(self, indices)
-            start = _clock()
-            items = getitems(self, indices)
-            rec.add_fetch(_clock() - start, len(indices))
-            return items
-
-        ns["__getitems__"] = __getitems__
+        ns["__getitems__"] = _timed_getitems(getitems)
     timed = type(base.__name__, (base,), ns)
     _TIMED[base] = timed
     return timed

@@ -447,14 +447,17 @@ def test_a_batch_decodes_to_the_same_samples_as_one_at_a_time(tmp_path: Path) ->
             assert arena.put(i, encode(_varied(i), i)) == "stored"
     order = [5, 0, 10, 7, 15, 20, 1, 25, 6, 30, 11, 2, 3, 4, 39, 35]
     batch = arena.get_many(order, n)
-    each = arena.get_many(order, n, together=False)  # what DataLoader workers use
-    for index, got, alone in zip(order, batch, each, strict=True):
+    each = arena.get_many(order, n, how="each")  # what DataLoader workers use
+    views = arena.get_many(order, n, how="views")  # what default_collate is given
+    for index, got, alone, view in zip(order, batch, each, views, strict=True):
         if index == 7:
             assert got is MISSING
             assert alone is MISSING
+            assert view is MISSING
         else:
             assert_same(got, arena.get(index))
             assert_same(alone, arena.get(index))
+            assert_same(view, arena.get(index))
     same_layout = [0, 5, 10, 15, 20, 25, 30, 35]  # only `(uint8 tensor, label)` samples
     for index, got in zip(same_layout, arena.get_many(same_layout, n), strict=True):
         assert_same(got, (torch.full((3, 4), index, dtype=torch.uint8), index % 3))

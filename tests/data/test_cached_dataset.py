@@ -544,3 +544,150 @@ def test_a_batched_cache_read_does_not_count_the_decoding_of_its_misses(
     finally:
         stages.deactivate()
     assert table.read()[0].stages[stages.CACHE_HIT_STAGE] == (0.0, 1)  # the read only
+
+
+class Alike(Dataset[Any]):
+    """Samples whose tensors all lie alike (read together from the cache): image, vector, label."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> Any:
+        return torch.full((3, 4, 4), i, dtype=torch.uint8), torch.tensor([i * 0.5, -i]), i % 3
+
+
+def _expected_batches(batch_size: int, scale: int = 1) -> list[Any]:
+    base = Alike()
+    samples = [base[i] for i in range(len(base))]
+    batches = [samples[k : k + batch_size] for k in range(0, len(samples), batch_size)]
+    return [
+        (
+            torch.stack([x for x, _, _ in b]) * scale,
+            torch.stack([v for _, v, _ in b]) * scale,
+            torch.tensor([y for _, _, y in b]),
+        )
+        for b in batches
+    ]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_default_collate_batches_are_exact_and_modifying_them_leaves_the_cache_intact(
+    workers: int,
+) -> None:
+    expected = _expected_batches(5)
+    with CachedDataset(Alike(), max_bytes=1 << 20) as cached:
+        loader = DataLoader(
+            cached,
+            batch_size=5,
+            num_workers=workers,
+            multiprocessing_context="fork" if workers else None,
+            persistent_workers=workers > 0,
+        )
+        for _epoch in range(3):  # a miss epoch, then two epochs of hits
+            got = list(loader)
+            for (x, v, y), (ex, ev, ey) in zip(got, expected, strict=True):
+                assert torch.equal(x, ex)
+                assert torch.equal(v, ev)
+                assert torch.equal(y, ey)
+                x.mul_(0)  # a user's in-place work on the batch
+                v.add_(1)
+        info = cached.cache_info()
+        del loader
+    assert (info.misses, info.hits) == (16, 32)
+
+
+def scaling_collate(batch: list[Any]) -> Any:
+    """A user's collate that works on the samples in place before stacking them."""
+    for x, v, _ in batch:
+        x.mul_(2)
+        v.mul_(2)
+    return torch.utils.data.default_collate(batch)
+
+
+@pytest.mark.parametrize("profiled", [False, True], ids=["plain", "under-the-profiler"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_that_modifies_samples_in_place_leaves_the_cache_intact(
+    workers: int, profiled: bool
+) -> None:
+    from lightning_speedpack.data.instrument import TimedCollate, timed_dataset_class
+
+    expected = _expected_batches(4, scale=2)
+    with CachedDataset(Alike(), max_bytes=1 << 20) as cached:
+        if profiled:  # as the DataPipelineProfiler instruments a loader
+            cached.__class__ = timed_dataset_class(CachedDataset)
+        loader = DataLoader(
+            cached,
+            batch_size=4,
+            num_workers=workers,
+            collate_fn=TimedCollate(scaling_collate) if profiled else scaling_collate,
+            multiprocessing_context="fork" if workers else None,
+        )
+        for _epoch in range(3):
+            for (x, v, y), (ex, ev, ey) in zip(loader, expected, strict=True):
+                assert torch.equal(x, ex)
+                assert torch.equal(v, ev)
+                assert torch.equal(y, ey)
+        assert cached.cache_info().hits == 32
+        del loader
+
+
+def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast path (views into the cache, stacked by default_collate) is taken under torch's
+    own DataLoader, also while profiled; anything else gets samples of its own."""
+    from lightning_speedpack.data.arena import Arena
+    from lightning_speedpack.data.instrument import TimedCollate, timed_dataset_class
+
+    hows: list[str] = []
+    original = Arena.get_many
+
+    def spy(self: Arena, indices: Any, n: int, *, how: Any = "together") -> list[Any]:
+        hows.append(how)
+        return original(self, indices, n, how=how)
+
+    monkeypatch.setattr(Arena, "get_many", spy)
+    default = torch.utils.data.default_collate
+    with CachedDataset(Alike(), max_bytes=1 << 20) as cached:
+        cached.__getitems__(list(range(16)))  # fill
+        runs = {
+            "default": DataLoader(cached, batch_size=16),
+            "custom": DataLoader(cached, batch_size=16, collate_fn=scaling_collate),
+            "timed default": DataLoader(cached, batch_size=16, collate_fn=TimedCollate(default)),
+            "timed custom": DataLoader(cached, batch_size=16, collate_fn=TimedCollate(list)),
+        }
+        seen = {}
+        for name, loader in runs.items():
+            hows.clear()
+            list(loader)
+            seen[name] = hows[-1]
+        hows.clear()
+        cached.__class__ = timed_dataset_class(CachedDataset)
+        list(DataLoader(cached, batch_size=16, collate_fn=TimedCollate(default)))
+        seen["timed dataset"] = hows[-1]
+        hows.clear()
+        direct = cached.__getitems__([0, 1])  # a direct call: the caller may keep the samples
+        seen["direct"] = hows[-1]
+        direct[0][0].fill_(99)
+        assert int(cached[0][0][0, 0, 0]) == 0
+    assert seen == {
+        "default": "views",
+        "custom": "together",
+        "timed default": "views",
+        "timed custom": "together",
+        "timed dataset": "views",
+        "direct": "together",
+    }
+
+
+def test_an_in_place_transform_under_default_collate_leaves_the_cache_intact() -> None:
+    def brighten(sample: Any) -> Any:
+        x, v, y = sample
+        return x.add_(1), v, y
+
+    expected = _expected_batches(8)
+    with CachedDataset(Alike(), transform=brighten, max_bytes=1 << 20) as cached:
+        loader = DataLoader(cached, batch_size=8)
+        for _epoch in range(3):
+            for (x, _, _), (ex, _, _) in zip(loader, expected, strict=True):
+                assert torch.equal(x, ex + 1)

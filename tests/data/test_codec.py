@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_speedpack.data.codec import ALIGN, decode, dumps, encode, loads
+from lightning_speedpack.data.codec import ALIGN, decode, dumps, encode, leaf_views, loads
 from tests.helpers.samples import assert_same
 
 ALL_TORCH_DTYPES = [
@@ -122,3 +122,14 @@ class Point(collections.namedtuple("Point", "x y")):
 def test_unsupported_types_name_the_type_and_index(bad: Any, name: str) -> None:
     with pytest.raises(TypeError, match=rf"at index 17: .*{name}"):
         encode({"ok": torch.ones(1), "bad": [bad]}, index=17)
+
+
+def test_leaf_views_share_the_blob_and_refuse_misaligned_starts() -> None:
+    blob = torch.arange(64, dtype=torch.float32)  # 256 bytes
+    leaf = (8, 16, torch.float32, (2, 2))  # 4 floats, 8 bytes into each blob
+    views = leaf_views(blob, [0, 64], leaf)
+    assert views is not None
+    assert [v.tolist() for v in views] == [[[2.0, 3.0], [4.0, 5.0]], [[18.0, 19.0], [20.0, 21.0]]]
+    views[1].fill_(-1)  # a view: writes reach the blob (why only copying callers get views)
+    assert blob[18:22].tolist() == [-1.0] * 4
+    assert leaf_views(blob, [2], leaf) is None  # not a multiple of the float's 4 bytes
