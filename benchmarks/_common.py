@@ -16,7 +16,16 @@ from pytorch_lightning import LightningModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-__all__ = ["SmallCNN", "TinyMLP", "alternate", "fit_seconds", "print_table", "quiet_trainer"]
+__all__ = [
+    "SmallCNN",
+    "TinyMLP",
+    "alternate",
+    "alternate_samples",
+    "fit_seconds",
+    "paired_ratio",
+    "print_table",
+    "quiet_trainer",
+]
 
 
 class TinyMLP(LightningModule):
@@ -100,13 +109,29 @@ def fit_seconds(model_factory: Callable[[], LightningModule], **trainer_kwargs: 
 
 def alternate(variants: dict[str, Callable[[], float]], repeats: int = 5) -> dict[str, float]:
     """Run each variant once per round, in rotating order, ``repeats`` rounds; return medians."""
+    return {n: statistics.median(v) for n, v in alternate_samples(variants, repeats).items()}
+
+
+def alternate_samples(
+    variants: dict[str, Callable[[], float]], repeats: int = 5
+) -> dict[str, list[float]]:
+    """:func:`alternate`'s rounds themselves: each variant's value per round, in round order."""
     names = list(variants)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             samples[name].append(variants[name]())
-    return {n: statistics.median(v) for n, v in samples.items()}
+    return samples
+
+
+def paired_ratio(samples: dict[str, list[float]], name: str, base: str) -> float:
+    """Median over rounds of ``name``'s value over ``base``'s in the same round.
+
+    Each round's two runs are neighbours in time, so a slow spell of the machine weighs on both;
+    the median of these ratios is steadier than the ratio of the two medians.
+    """
+    return statistics.median(a / b for a, b in zip(samples[name], samples[base], strict=True))
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

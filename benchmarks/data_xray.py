@@ -1,18 +1,26 @@
 """Cost of the data-pipeline X-ray: the profiler on the small CNN with 2 workers, and a stage.
 
-Run: ``.venv/bin/python benchmarks/data_xray.py [--quick] [--repeats N]``. Variants alternate in one
-process; medians and their ratio are printed (the machine is shared: only ratios count).
+Run: ``.venv/bin/python benchmarks/data_xray.py [--quick] [--repeats N]``. Variants alternate in
+one process; prints the ratio of the medians and the median of each round's ratio (the machine
+is shared: only ratios count, and a round's two fits share its slow spells).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import timeit
 from typing import Any
 
 from torch.utils.data import DataLoader
 
-from benchmarks._common import SmallCNN, alternate, fit_seconds, print_table
+from benchmarks._common import (
+    SmallCNN,
+    alternate_samples,
+    fit_seconds,
+    paired_ratio,
+    print_table,
+)
 from lightning_speedpack.data.profiler import DataPipelineProfiler
 from lightning_speedpack.data.stages import stage
 
@@ -39,7 +47,7 @@ def main(repeats: int = 5, epochs: int = 2) -> None:
         [["with stage('decode'): pass", per_call * 1e9]],
     )
     kwargs = {"max_epochs": epochs}
-    medians = alternate(
+    samples = alternate_samples(
         {
             "plain": lambda: fit_seconds(lambda: WorkerCNN(n=1024), **kwargs),
             "profiler": lambda: fit_seconds(
@@ -50,11 +58,15 @@ def main(repeats: int = 5, epochs: int = 2) -> None:
         },
         repeats=repeats,
     )
+    medians = {k: statistics.median(v) for k, v in samples.items()}
     print_table(
         f"DataPipelineProfiler cost: SmallCNN, 2 persistent workers, {epochs} epochs of 32 "
-        f"batches, medians of {repeats} alternating fits",
-        ["variant", "median fit s", "ratio"],
-        [[k, v, v / medians["plain"]] for k, v in medians.items()],
+        f"batches, {repeats} alternating rounds",
+        ["variant", "median fit s", "ratio of medians", "median of paired ratios"],
+        [
+            [k, v, v / medians["plain"], paired_ratio(samples, k, "plain")]
+            for k, v in medians.items()
+        ],
     )
 
 
@@ -63,4 +75,4 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="3 repeats of 1 epoch (< 60 s)")
     parser.add_argument("--repeats", type=int, default=None, help="alternating fits per variant")
     args = parser.parse_args()
-    main(args.repeats or (3 if args.quick else 7), epochs=1 if args.quick else 3)
+    main(args.repeats or (3 if args.quick else 11), epochs=1 if args.quick else 6)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from _common import SmallCNN, alternate, print_table, quiet_trainer
+from _common import SmallCNN, alternate_samples, paired_ratio, print_table, quiet_trainer
 from torch.utils.data import DataLoader
 
 from lightning_speedpack.core.registry import registered_diagnostics
@@ -81,13 +82,17 @@ def main() -> None:
         for d in registered_diagnostics():
             label = f"only {d.name}" + (" (deep)" if d.deep else "")
             variants[label] = lambda name=d.name: _fit(epochs, DoctorSession(only=[name]))
-    medians = alternate(variants, repeats=repeats)
+    samples = alternate_samples(variants, repeats=repeats)
+    medians = {name: statistics.median(values) for name, values in samples.items()}
     base = medians["no doctor"]
     print_table(
-        f"SmallCNN, 2 workers, {epochs} epochs x 16 steps, median of {repeats} alternating fits "
+        f"SmallCNN, 2 workers, {epochs} epochs x 16 steps, {repeats} alternating rounds "
         f"(deep: {', '.join(sorted(deep)) or 'none'})",
-        ["variant", "fit s", "x no doctor"],
-        [[name, seconds, seconds / base] for name, seconds in medians.items()],
+        ["variant", "median fit s", "x no doctor (ratio of medians)", "median of paired ratios"],
+        [
+            [name, seconds, seconds / base, paired_ratio(samples, name, "no doctor")]
+            for name, seconds in medians.items()
+        ],
     )
 
 

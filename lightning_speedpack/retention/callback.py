@@ -109,10 +109,12 @@ class LossRetentionDetector(Callback):
         deep_scan_every_n_steps: scan the heap every this many batches (``0``: only at the end
             of training and on triggers). Scheduled and triggered scans are postponed while
             they would take more than 1% of the wall time since the previous one (a scan
-            costs ~30-70 ns per allocated memory block, ~0.1 s per million Python objects);
-            the scan at the end of training is skipped when it would take more than 5% of
-            the training time (short fits on large heaps).
+            costs ~30-70 ns per allocated memory block, ~0.1 s per million Python objects).
         max_depth: container levels the forward walk descends.
+        final_scan_budget: the heap scan at the end of training runs only if it would take at
+            most this fraction of the training time so far (short fits on large heaps skip
+            it; ``0``: never, ``None``: always). Without it, holders the walk does not reach
+            (a helper module's global, a closure) are named only by the scans during training.
 
     Raises:
         ValueError: an argument is out of range.
@@ -142,8 +144,6 @@ class LossRetentionDetector(Callback):
 
     _scan_budget: float | None = 0.01
     """Largest fraction of wall time the scheduled and triggered heap scans may take."""
-    _final_scan_budget: float | None = 0.05
-    """Largest fraction of the training time the heap scan at the end of training may take."""
 
     def __init__(
         self,
@@ -151,9 +151,11 @@ class LossRetentionDetector(Callback):
         check_every_n_steps: int = 1,
         deep_scan_every_n_steps: int = 100,
         max_depth: int = 4,
+        final_scan_budget: float | None = 0.05,
     ) -> None:
         if mode not in ("warn", "error"):
             raise ValueError(f"`mode` must be 'warn' or 'error', got {mode!r}")
+        _check_budget(final_scan_budget)
         for name, value, low in (
             ("check_every_n_steps", check_every_n_steps, 1),
             ("deep_scan_every_n_steps", deep_scan_every_n_steps, 0),
@@ -168,6 +170,7 @@ class LossRetentionDetector(Callback):
         self.check_every_n_steps = check_every_n_steps
         self.deep_scan_every_n_steps = deep_scan_every_n_steps
         self.max_depth = max_depth
+        self.final_scan_budget = None if final_scan_budget is None else float(final_scan_budget)
         self._reset()
 
     def _reset(self) -> None:
@@ -448,11 +451,13 @@ class LossRetentionDetector(Callback):
         return since * self._scan_budget >= self._scan_seconds
 
     def _final_affordable(self) -> bool:
-        # The end-of-training scan: within a larger share of the whole training time.
-        if self._final_scan_budget is None:
+        # The end-of-training scan: within its own share of the whole training time.
+        if self.final_scan_budget is None:
             return True
+        if self.final_scan_budget <= 0:
+            return False
         since = time.perf_counter() - self._train_started
-        return since * self._final_scan_budget >= self._scan_seconds
+        return since * self.final_scan_budget >= self._scan_seconds
 
     def _memory_grew(self, pl_module: pl.LightningModule) -> bool:
         if pl_module.device.type != "cuda":
@@ -496,15 +501,37 @@ class LossRetentionDetector(Callback):
         return [asdict(f) for f in self.findings]
 
 
+def _check_budget(value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"`final_scan_budget` must be a float or None, got {type(value).__name__}")
+    if not value >= 0:  # also refuses NaN
+        raise ValueError(
+            f"`final_scan_budget` must be a non-negative fraction of the training time (0.05 "
+            f"is 5%), got {value}"
+        )
+
+
 # Under the doctor a holder is reported at the end of the run, so finding it within 2 steps
 # buys nothing there: its walk runs every 4th step (the walk was the largest per-step cost of
 # the doctor's default set); `--deep` walks every step, as the callback does by default.
 _DOCTOR_CHECK_EVERY = 4
+# Heap scans (~0.1 s each on a small heap) were the largest one-off costs of the doctor's
+# default set: there, none is scheduled during training, and the one at the end runs only within
+# 1% of the training time; `--deep` schedules one every 100 steps (within 1% of the wall time)
+# and allows 5% at the end, as the callback's defaults do.
+_DOCTOR_FINAL_SCAN_BUDGET = 0.01
 
 
 def _factory(ctx: DoctorContext) -> LossRetentionDetector:
+    if ctx.deep:
+        return LossRetentionDetector(mode="warn")
     return LossRetentionDetector(
-        mode="warn", check_every_n_steps=1 if ctx.deep else _DOCTOR_CHECK_EVERY
+        mode="warn",
+        check_every_n_steps=_DOCTOR_CHECK_EVERY,
+        deep_scan_every_n_steps=0,  # heap scans on triggers and at the end only
+        final_scan_budget=_DOCTOR_FINAL_SCAN_BUDGET,
     )
 
 
@@ -513,5 +540,9 @@ register_diagnostic(
     LossRetentionDetector,
     factory=_factory,
     order=30,
-    deep_adds="the walk for retained graphs on every step (by default every 4th)",
+    deep_adds=(
+        "the walk for retained graphs on every step (by default every 4th) and the heap scan at"
+        " the end of training within 5% of the training time (by default 1%), and one every 100"
+        " steps within 1% of the wall time (by default none during training)"
+    ),
 )

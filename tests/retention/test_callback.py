@@ -74,7 +74,7 @@ def _summary(detector: LossRetentionDetector) -> list[tuple[str, bool]]:
 def _scan_as_scheduled(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tests ask for heap scans at exact batches; the wall-time budgets have their own tests.
     monkeypatch.setattr(LossRetentionDetector, "_scan_budget", None)
-    monkeypatch.setattr(LossRetentionDetector, "_final_scan_budget", None)
+    monkeypatch.setattr(LossRetentionDetector, "_final_affordable", lambda self: True)
 
 
 @pytest.fixture
@@ -646,10 +646,15 @@ def test_registered_with_the_doctor() -> None:
     assert isinstance(built, LossRetentionDetector)
     assert built.mode == "warn"
     assert built.check_every_n_steps == 4  # the doctor's default: every 4th step
+    assert built.final_scan_budget == 0.01  # the end-of-fit heap scan within 1% of training
+    assert built.deep_scan_every_n_steps == 0  # and no scheduled heap scans
     deep = diagnostic.factory(DoctorContext(deep=True))
     assert isinstance(deep, LossRetentionDetector)
     assert deep.check_every_n_steps == 1  # --deep: every step, as the callback's own default
+    assert deep.final_scan_budget == 0.05
+    assert deep.deep_scan_every_n_steps == 100
     assert "every step" in diagnostic.deep_adds
+    assert "end of training" in diagnostic.deep_adds
 
 
 @pytest.mark.parametrize(("deep", "first_seen"), [(True, 1), (False, 4)])

@@ -216,11 +216,24 @@ def test_an_exact_walk_lists_no_more_records_than_it_can_enter(
 def test_the_final_heap_scan_keeps_to_its_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(LossRetentionDetector, "_final_scan_budget", 1e-9)
-    detector = LossRetentionDetector(deep_scan_every_n_steps=0)
-    Trainer(callbacks=[detector], **quiet_trainer_kwargs(tmp_path, max_steps=3)).fit(BoringModel())
-    assert detector._scans == 0
-    monkeypatch.setattr(LossRetentionDetector, "_final_scan_budget", None)
-    detector = LossRetentionDetector(deep_scan_every_n_steps=0)
-    Trainer(callbacks=[detector], **quiet_trainer_kwargs(tmp_path, max_steps=3)).fit(BoringModel())
-    assert detector._scans == 1
+    scans = {}
+    for budget in (1e-9, 0, None):
+        detector = LossRetentionDetector(deep_scan_every_n_steps=0, final_scan_budget=budget)
+        trainer = Trainer(callbacks=[detector], **quiet_trainer_kwargs(tmp_path, max_steps=3))
+        trainer.fit(BoringModel())
+        scans[budget] = detector._scans
+    assert scans == {1e-9: 0, 0: 0, None: 1}  # None: always
+
+
+@pytest.mark.parametrize(
+    ("budget", "error", "match"),
+    [
+        ("5%", TypeError, "float or None, got str"),
+        (True, TypeError, "got bool"),
+        (-0.1, ValueError, "non-negative"),
+        (float("nan"), ValueError, "non-negative"),
+    ],
+)
+def test_final_scan_budget_is_validated(budget: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        LossRetentionDetector(final_scan_budget=budget)
