@@ -50,6 +50,8 @@ def main(repeats: int = 5, epochs: int = 2) -> None:
     samples = alternate_samples(
         {
             "plain": lambda: fit_seconds(lambda: WorkerCNN(n=1024), **kwargs),
+            # The same fit again: its ratio is this measurement's own noise (an A/A comparison).
+            "plain, again": lambda: fit_seconds(lambda: WorkerCNN(n=1024), **kwargs),
             "profiler": lambda: fit_seconds(
                 lambda: WorkerCNN(n=1024),
                 callbacks=[DataPipelineProfiler(probe="off", log_every_n_steps=10)],

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, Subset, default_collate, get_worker_info
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
 from lightning_speedpack.data import reclaim
@@ -227,18 +227,25 @@ def open_arena(
 
 
 _FETCH_CODE = _MapDatasetFetcher.fetch.__code__
+# Frames that hand this dataset's samples on unchanged: torch's `Subset` (`random_split`) and
+# the DataPipelineProfiler's timed `__getitems__` (around a CachedDataset or a Subset of one).
+_PASS_THROUGH = frozenset({Subset.__getitems__.__code__, TIMED_GETITEMS_CODE})
+_MAX_PASS_THROUGH = 8
 
 
 def _default_collate_follows(frame: FrameType) -> bool:
     """Whether ``frame`` is torch's map-style fetcher, about to call ``default_collate``.
 
-    Either torch's own function or it under the DataPipelineProfiler's timer (whose
-    timed ``__getitems__`` may stand between); a user's collate (which might modify samples in
-    place) never counts. If torch renames its fetcher
-    this says False: the samples are then copied, as for any other caller.
+    Either torch's own function or it under the DataPipelineProfiler's timer, reached directly
+    or through frames that return the samples unchanged (a ``Subset`` of ``random_split``, the
+    profiler's timed ``__getitems__``); a user's collate (which might modify samples in place)
+    never counts. If torch renames its fetcher this says False: the samples are then copied,
+    as for any other caller.
     """
-    if frame.f_code is TIMED_GETITEMS_CODE and frame.f_back is not None:
-        frame = frame.f_back  # the DataPipelineProfiler's timer around this dataset
+    for _ in range(_MAX_PASS_THROUGH):
+        if frame.f_code not in _PASS_THROUGH or frame.f_back is None:
+            break
+        frame = frame.f_back
     if frame.f_code is not _FETCH_CODE:
         return False
     collate = getattr(frame.f_locals.get("self"), "collate_fn", None)
@@ -453,10 +460,17 @@ class CachedDataset(Dataset[Any]):
         """A batch of samples: the DataLoader calls this with a whole batch of indices.
 
         Hits are read in one pass with one counter update (and, while a profiler runs, one
-        ``cache_read`` record for the batch); misses take the one-sample path. In the main
-        process (0 workers), hits whose tensors have the same dtypes and shapes are decoded
-        together: each tensor is a row of one fresh tensor per leaf for the batch (its own
-        bytes, safe to modify in place; the rows share that batch's storage).
+        ``cache_read`` record for the batch); misses take the one-sample path. How hits are
+        decoded depends on who asked:
+
+        - torch's DataLoader about to call ``default_collate`` on them (directly, through a
+          ``Subset`` or under the DataPipelineProfiler), with no ``transform``: their tensors
+          are views into the cache, which ``default_collate`` copies into the batch before
+          anyone sees them (one copy per byte, as from a ``TensorDataset``);
+        - otherwise, in the main process: hits whose tensors have the same dtypes and shapes
+          are decoded together, each tensor a row of one fresh tensor per leaf for the batch
+          (its own bytes, safe to modify in place; the rows share that batch's storage);
+        - otherwise, in a DataLoader worker: one sample at a time, each with its own tensors.
         """
         arena = self._arena
         if arena is None:

@@ -185,6 +185,7 @@ class LossRetentionDetector(Callback):
         self._last_deep_scan = 0
         self._scans = 0
         self._scan_seconds = 0.0  # the last heap scan's duration (an estimate before the first)
+        self._end_scan = False  # whether the end-of-training heap scan ran
         self._scan_done_at = 0.0
         self._train_started = 0.0
         self._first_seq: int | None = None
@@ -255,8 +256,13 @@ class LossRetentionDetector(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._batch >= 0 and self._last_deep_scan != self._batch:
-            self._check(trainer, pl_module, self._batch, deep=self._final_affordable(), fresh=True)
+        if self._batch < 0:
+            return
+        if self._scans and self._last_deep_scan == self._batch:
+            self._end_scan = True  # a scan of this very batch already ran
+            return
+        self._end_scan = self._final_affordable()
+        self._check(trainer, pl_module, self._batch, deep=self._end_scan, fresh=True)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -483,8 +489,13 @@ class LossRetentionDetector(Callback):
         return [doctor_finding(f) for f in self.findings]
 
     def doctor_figures(self) -> dict[str, Any]:
-        """``{"retained_graphs": distinct retained graph tensors found at the last check}``."""
-        return {"retained_graphs": self._retained_graphs}
+        """What the last fit measured, for the doctor's report.
+
+        ``retained_graphs``: distinct retained graph tensors found at the last check;
+        ``end_heap_scan``: whether the heap scan at the end of training ran (see
+        ``final_scan_budget``; without it, holders the walk does not reach are not named).
+        """
+        return {"retained_graphs": self._retained_graphs, "end_heap_scan": self._end_scan}
 
     def log_tables(self, trainer: pl.Trainer) -> None:
         """Log ``speedpack/retained_graphs`` and ``speedpack/retained_graphs/count`` (rank 0).

@@ -39,8 +39,11 @@ __all__ = [
     "walk_containers",
 ]
 
-_HEAD = 8  # items looked at from the start of a long container
-_TAIL = 56  # ... and from its end, where a leak appends
+# Items looked at from the start of a long container, and from its end, where a leak appends
+# (one a step: the newest few are enough to see it grow). 8 + 56 made the walk of a datamodule
+# holding 500k small records 390 us a step, 1.024x a 16 ms step; 4 + 28: 290 us, 1.018x.
+_HEAD = 4
+_TAIL = 28
 _SKIP_PREFIXES = (
     "torch.",
     "pytorch_lightning.",

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
 from lightning_speedpack.data import cached_dataset as cd_module
 from lightning_speedpack.data.cached_dataset import (
@@ -665,6 +665,15 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
         cached.__class__ = timed_dataset_class(CachedDataset)
         list(DataLoader(cached, batch_size=16, collate_fn=TimedCollate(default)))
         seen["timed dataset"] = hows[-1]
+        cached.__class__ = CachedDataset
+        train, _ = torch.utils.data.random_split(cached, [12, 4])  # a Subset of a Subset below
+        for name, subset in (("subset", train), ("subset of subset", Subset(train, range(8)))):
+            hows.clear()
+            list(DataLoader(subset, batch_size=4))
+            seen[name] = hows[-1]
+            hows.clear()
+            list(DataLoader(subset, batch_size=4, collate_fn=scaling_collate))
+            seen[f"{name}, custom"] = hows[-1]
         hows.clear()
         direct = cached.__getitems__([0, 1])  # a direct call: the caller may keep the samples
         seen["direct"] = hows[-1]
@@ -676,6 +685,10 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
         "timed default": "views",
         "timed custom": "together",
         "timed dataset": "views",
+        "subset": "views",
+        "subset, custom": "together",
+        "subset of subset": "views",
+        "subset of subset, custom": "together",
         "direct": "together",
     }
 

@@ -383,6 +383,7 @@ def test_a_lightning_script_gets_the_same_report_as_its_pytorch_lightning_twin(
         "samples_per_sec",
         "syncs_per_step",
         "retained_graphs",
+        "end_heap_scan",
         "loader_ceiling_samples_per_sec",
         "model_ceiling_samples_per_sec",
         "verdict",

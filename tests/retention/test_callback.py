@@ -197,7 +197,7 @@ def test_a_long_leak_is_counted_exactly_after_the_run(tmp_path: Path) -> None:
     (finding,) = detector.findings
     assert finding.path == "model.losses"
     assert finding.count == 149  # every loss but the last step's own
-    assert detector.doctor_figures() == {"retained_graphs": 149}
+    assert detector.doctor_figures() == {"retained_graphs": 149, "end_heap_scan": True}
 
 
 def test_list_attribute_leak_is_named(tmp_path: Path) -> None:
@@ -208,7 +208,7 @@ def test_list_attribute_leak_is_named(tmp_path: Path) -> None:
     assert finding.step_first_seen == 1  # found one batch after the first leaked loss
     assert finding.example_path.startswith("model.losses[")
     assert finding.severity == "warning"
-    assert detector.doctor_figures() == {"retained_graphs": 5}
+    assert detector.doctor_figures() == {"retained_graphs": 5, "end_heap_scan": True}
 
 
 def test_dict_of_lists_leak_is_named(tmp_path: Path) -> None:
@@ -429,7 +429,7 @@ def test_no_false_positives(
     detector = LossRetentionDetector(mode="error", deep_scan_every_n_steps=1)
     _fit(factory(), tmp_path, detector=detector, max_steps=6, **kwargs)
     assert detector.findings == []
-    assert detector.doctor_figures() == {"retained_graphs": 0}
+    assert detector.doctor_figures() == {"retained_graphs": 0, "end_heap_scan": True}
 
 
 # ---------------------------------------------------------------- modes, lifetime, contract
