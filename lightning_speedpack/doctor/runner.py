@@ -197,13 +197,11 @@ class DoctorSession:
         """What this session leaves out that ``--deep`` would add (for the report's hint)."""
         if self.deep:
             return []
-        skipped = [] if self.only is not None else [d.name for d in self.unselected_deep()]
+        # Without --only, the default set leaves out exactly the `deep` diagnostics.
+        skipped = (
+            [] if self.only is not None else [d.name for d in registered_diagnostics() if d.deep]
+        )
         return skipped + [f"{d.name}: {d.deep_adds}" for d in self.selected() if d.deep_adds]
-
-    def unselected_deep(self) -> list[Diagnostic]:
-        """The ``deep`` diagnostics this session does not attach."""
-        chosen = {d.name for d in self.selected()}
-        return [d for d in registered_diagnostics() if d.deep and d.name not in chosen]
 
     def install(self) -> None:
         """Wrap ``Trainer.__init__`` of every installed Lightning namespace (idempotent).
