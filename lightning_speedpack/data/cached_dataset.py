@@ -26,7 +26,7 @@ from torch.utils.data._utils.fetch import _MapDatasetFetcher
 from lightning_speedpack.data import reclaim
 from lightning_speedpack.data.arena import MISSING, Arena, GetMany
 from lightning_speedpack.data.codec import encode
-from lightning_speedpack.data.instrument import TIMED_GETITEMS_CODE, TimedCollate
+from lightning_speedpack.data.instrument import TimedCollate
 from lightning_speedpack.data.node import node_id
 from lightning_speedpack.data.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, record_stage, stage
 from lightning_speedpack.data.stages import active as stages_active
@@ -227,20 +227,20 @@ def open_arena(
 
 
 _FETCH_CODE = _MapDatasetFetcher.fetch.__code__
-# Frames that hand this dataset's samples on unchanged: torch's `Subset` (`random_split`) and
-# the DataPipelineProfiler's timed `__getitems__` (around a CachedDataset or a Subset of one).
-_PASS_THROUGH = frozenset({Subset.__getitems__.__code__, TIMED_GETITEMS_CODE})
+# Frames that hand this dataset's samples on unchanged: torch's `Subset` (`random_split`). The
+# DataPipelineProfiler times torch's fetcher from outside, so the fetcher is still the caller.
+_PASS_THROUGH = frozenset({Subset.__getitems__.__code__})
 _MAX_PASS_THROUGH = 8
 
 
 def _default_collate_follows(frame: FrameType) -> bool:
     """Whether ``frame`` is torch's map-style fetcher, about to call ``default_collate``.
 
-    Either torch's own function or it under the DataPipelineProfiler's timer, reached directly
-    or through frames that return the samples unchanged (a ``Subset`` of ``random_split``, the
-    profiler's timed ``__getitems__``); a user's collate (which might modify samples in place)
-    never counts. If torch renames its fetcher this says False: the samples are then copied,
-    as for any other caller.
+    Torch's own function (also under the DataPipelineProfiler, which times the fetcher from
+    outside and the collate function around it), reached directly or through frames that return
+    the samples unchanged (a ``Subset`` of ``random_split``); a user's collate (which might
+    modify samples in place) never counts. If torch renames its fetcher this says False: the
+    samples are then copied, as for any other caller.
     """
     for _ in range(_MAX_PASS_THROUGH):
         if frame.f_code not in _PASS_THROUGH or frame.f_back is None:

@@ -1,10 +1,16 @@
-"""Thin timing proxies put around a DataLoader without editing the user's code.
+"""Thin timing proxies put on a DataLoader's own seams, never on the user's dataset.
 
-- :func:`timed_dataset_class` builds, for a dataset class, a subclass (same name, no new
-  attributes) whose ``__getitem__``/``__getitems__``/``__iter__`` time the original. It is
-  given to the dataset object **inside each worker** (``obj.__class__ = ...`` on the worker's own
-  copy, from the wrapped ``worker_init_fn``), or in the main process with ``num_workers=0``
-  (and put back after the fit). What a sample or a batch contains is never changed.
+The X-ray reads a loader through the seams torch gives every DataLoader -- its ``collate_fn``,
+its ``worker_init_fn`` and the *fetcher* each loading process draws batches with -- and never
+rewrites the class of a dataset (a library stream's own ``__iter__``, a LitData or MosaicML
+dataset with state of its own, an extension type: none is touched).
+
+- :class:`TimedFetcher` wraps the fetcher torch builds in each loading process (the object whose
+  ``fetch`` calls ``__getitems__``/``__getitem__``, or ``next`` on a stream, then the collate
+  function): the fetch time is its time less the collate's. In a worker it is put in place by
+  :func:`time_fetchers_in_this_worker` (called from the wrapped ``worker_init_fn``: the worker
+  process serves this one loader only); with ``num_workers=0`` on the main process's iterator,
+  for that iterator alone.
 - :class:`TimedCollate` times the loader's ``collate_fn`` and records each batch's
   completion time (for the queue wait).
 - :class:`WorkerInit` wraps the loader's ``worker_init_fn``: it first calls the user's own (or
@@ -12,6 +18,9 @@
   recording in the worker's own row of the shared table. It pickles, for ``spawn``.
 - :class:`LoaderProbe` instruments one DataLoader and, in the main process, pairs each
   received batch with the time its worker finished it (the worker->main queue wait).
+
+No proxy wraps another of its kind: a collate function, ``worker_init_fn`` or fetcher that is
+already timed is used as it is (across epochs, worker pools, copies of the loader).
 """
 
 from __future__ import annotations
@@ -20,11 +29,11 @@ import copy
 import functools
 import importlib
 import os
-from collections.abc import Callable, Iterator
-from types import CodeType
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.data._utils.fetch import _IterableDatasetFetcher
 
 from lightning_speedpack.data import stages as _stages
 from lightning_speedpack.data.stages import CounterTable, _clock
@@ -33,155 +42,97 @@ __all__ = [
     "GENERATIONS",
     "LoaderProbe",
     "TimedCollate",
+    "TimedFetcher",
     "WorkerInit",
-    "timed_dataset_class",
-    "untimed_class",
+    "time_fetchers_in_this_worker",
 ]
 
 #: Worker pools whose rows are kept apart (a pool being shut down never shares rows with the
 #: next one).
 GENERATIONS = 4
 
-_TIMED: dict[type, type] = {}
 
-
-def _reduce_ex(self: Any, protocol: Any) -> Any:
-    # Pickle as the user's own class: a copy never carries the timing subclass.
-    reduced = object.__reduce_ex__(self, protocol)
-    base = type(self)._speedpack_base
-    if isinstance(reduced, tuple) and len(reduced) > 1 and reduced[1]:
-        args = reduced[1]
-        if args and args[0] is type(self):
-            reduced = (reduced[0], (base, *args[1:]), *reduced[2:])
-    return reduced
-
-
-class _TimedIterator:
-    """Times each ``__next__`` of a stream as one sample's fetch."""
-
-    __slots__ = ("inner",)
-
-    def __init__(self, inner: Iterator[Any]) -> None:
-        self.inner = inner
-
-    def __iter__(self) -> _TimedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        rec = _stages._ACTIVE
-        if rec is None:
-            return next(self.inner)
-        start = _clock()
-        item = next(self.inner)  # StopIteration passes through uncounted
-        rec.add_fetch(_clock() - start, 1)
-        return item
-
-
-def _timed_getitems(getitems: Callable[[Any, list[Any]], Any]) -> Callable[..., Any]:
-    @functools.wraps(getitems)
-    def __getitems__(self: Any, indices: list[Any]) -> Any:
-        rec = _stages._ACTIVE
-        if rec is None:
-            return getitems(self, indices)
-        start = _clock()
-        items = getitems(self, indices)
-        rec.add_fetch(_clock() - start, len(indices))
-        return items
-
-    return __getitems__
-
-
-#: The code of every timed ``__getitems__``: a dataset that looks at who called it (the
-#: CachedDataset) looks past this frame.
-TIMED_GETITEMS_CODE: CodeType = _timed_getitems(lambda self, indices: None).__code__
-
-
-def timed_dataset_class(base: type) -> type:
-    """A subclass of ``base`` that times its fetches (cached per class).
+class TimedFetcher:
+    """A torch fetcher whose ``fetch`` is timed: the dataset's part (less the collate) per sample.
 
     Example:
-        >>> from torch.utils.data import TensorDataset
-        >>> timed = timed_dataset_class(TensorDataset)
-        >>> timed.__name__, issubclass(timed, TensorDataset), untimed_class(timed) is TensorDataset
-        ('TensorDataset', True, True)
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from lightning_speedpack.data import stages
+        >>> loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4)
+        >>> it = iter(loader)
+        >>> it._dataset_fetcher = TimedFetcher(it._dataset_fetcher)
+        >>> table = CounterTable(1)
+        >>> _ = stages.activate(table, 0)
+        >>> [b[0].tolist() for b in it]
+        [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+        >>> stages.deactivate()
+        >>> table.read()[0].samples
+        8.0
     """
-    found = _TIMED.get(base)
-    if found is not None:
-        return found
-    ns: dict[str, Any] = {
-        "__slots__": (),
-        "__module__": base.__module__,
-        "__qualname__": base.__qualname__,
-        "_speedpack_base": base,
-        "__reduce_ex__": _reduce_ex,
-    }
-    getitem = getattr(base, "__getitem__", None)
-    getitems = getattr(base, "__getitems__", None)
-    is_stream = issubclass(base, torch.utils.data.IterableDataset) or getitem is None
-    if is_stream and getattr(base, "__iter__", None) is not None:
-        base_iter = base.__iter__  # type: ignore[attr-defined]
 
-        @functools.wraps(base_iter)
-        def __iter__(self: Any) -> Iterator[Any]:
-            return _TimedIterator(iter(base_iter(self)))
+    __slots__ = ("_stream", "inner")
 
-        ns["__iter__"] = __iter__
-    if getitem is not None and not is_stream:
-        # `wraps` sets `__wrapped__`: whatever locates the user's `__getitem__` (the doctor's
-        # data-wait finding) unwraps to the user's own code, not to this file.
-        @functools.wraps(getitem)
-        def __getitem__(self: Any, index: Any) -> Any:
-            rec = _stages._ACTIVE
-            if rec is None:
-                return getitem(self, index)
-            start = _clock()
-            item = getitem(self, index)
-            rec.add_fetch(_clock() - start, 1)
-            return item
+    def __init__(self, inner: Any) -> None:
+        self.inner: Any = inner.inner if isinstance(inner, TimedFetcher) else inner
+        self._stream = isinstance(self.inner, _IterableDatasetFetcher)
 
-        ns["__getitem__"] = __getitem__
-    if getitems is not None and not is_stream:
-        ns["__getitems__"] = _timed_getitems(getitems)
-    timed = type(base.__name__, (base,), ns)
-    _TIMED[base] = timed
-    return timed
+    def fetch(self, possibly_batched_index: Any) -> Any:
+        """Fetch and collate one batch as torch would, timing the dataset's part."""
+        rec = _stages._ACTIVE
+        if rec is None:
+            return self.inner.fetch(possibly_batched_index)
+        collate_s, collated = rec.collated()
+        start = _clock()
+        batch = self.inner.fetch(possibly_batched_index)  # StopIteration passes through uncounted
+        seconds = _clock() - start
+        after_s, after = rec.collated()
+        if not self.inner.auto_collation:
+            samples = 1
+        elif self._stream and after > collated:  # a stream's last batch may be short
+            samples = rec.items
+        else:
+            samples = len(possibly_batched_index)
+        rec.add_fetch(max(0.0, seconds - (after_s - collate_s)), samples)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
-def untimed_class(cls: type) -> type:
-    """The user's class behind a timing subclass (``cls`` itself otherwise)."""
-    return getattr(cls, "_speedpack_base", cls) if "_speedpack_base" in cls.__dict__ else cls
+def time_fetchers_in_this_worker() -> None:
+    """Make the fetchers torch builds in this DataLoader worker from now on timed ones.
 
+    torch's worker loop builds its fetcher right after ``worker_init_fn`` (and again at each
+    epoch of a persistent worker) through ``_DatasetKind.create_fetcher``; a worker process
+    serves one loader, so the change stays in the process it was made for. Applied once per
+    process, whatever the number of epochs.
+    """
+    kind = torch.utils.data.dataloader._DatasetKind
+    create = kind.__dict__.get("create_fetcher")
+    if not isinstance(create, staticmethod) or getattr(create.__func__, "_speedpack", False):
+        return
+    original = create.__func__
 
-def time_dataset(dataset: Any) -> bool:
-    """Give ``dataset`` the timing subclass of its class in place; whether it worked."""
-    cls = type(dataset)
-    if "_speedpack_base" in cls.__dict__:
-        return True
-    try:
-        dataset.__class__ = timed_dataset_class(cls)
-    except TypeError:  # an extension type or an incompatible layout: fetches go untimed
-        return False
-    return True
+    @functools.wraps(original)
+    def create_fetcher(*args: Any, **kwargs: Any) -> Any:
+        return TimedFetcher(original(*args, **kwargs))
 
-
-def untime_dataset(dataset: Any) -> None:
-    """Put the user's own class back on ``dataset``."""
-    cls = type(dataset)
-    if "_speedpack_base" in cls.__dict__:
-        dataset.__class__ = cls._speedpack_base
+    create_fetcher._speedpack = True  # type: ignore[attr-defined]
+    kind.create_fetcher = staticmethod(create_fetcher)  # type: ignore[method-assign]
 
 
 class TimedCollate:
     """Times ``fn`` (a collate function) and records when each batch is done."""
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
+        self.fn: Callable[[Any], Any] = fn.fn if isinstance(fn, TimedCollate) else fn
 
     def __call__(self, batch: Any) -> Any:
         """Collate ``batch`` with the user's function."""
         rec = _stages._ACTIVE
         if rec is None:
             return self.fn(batch)
+        rec.items = len(batch) if isinstance(batch, (list, tuple)) else 1
         start = _clock()
         out = self.fn(batch)
         done = _clock()
@@ -193,7 +144,7 @@ class WorkerInit:
     """The loader's ``worker_init_fn``, then recording into this worker's row.
 
     Args:
-        fn: the user's ``worker_init_fn`` (or ``None``).
+        fn: the user's ``worker_init_fn`` (or ``None``; a :class:`WorkerInit` is unwrapped).
         table: the shared counter table.
         workers: the loader's ``num_workers`` (rows per generation).
         seed_module: when set, the module whose ``pl_worker_init_function`` seeds the worker
@@ -209,7 +160,8 @@ class WorkerInit:
         seed_module: str | None = None,
         rank: int = 0,
     ) -> None:
-        self.fn, self.table, self.workers = fn, table, workers
+        self.fn: Callable[[int], Any] | None = fn.fn if isinstance(fn, WorkerInit) else fn
+        self.table, self.workers = table, workers
         self.seed_module, self.rank = seed_module, rank
         self.generation = 0
 
@@ -224,9 +176,8 @@ class WorkerInit:
             self.fn(worker_id)
         elif self.seed_module is not None and int(os.environ.get("PL_SEED_WORKERS", 0)):
             importlib.import_module(self.seed_module).pl_worker_init_function(worker_id, self.rank)
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
-            time_dataset(info.dataset)  # the worker's own copy; the user's object is untouched
+        if torch.utils.data.get_worker_info() is not None:
+            time_fetchers_in_this_worker()
         _stages.activate(self.table, self.row(worker_id))
 
 
@@ -291,27 +242,33 @@ class LoaderProbe:
         self.loader = loader
         self.workers = int(loader.num_workers)
         self.table = CounterTable(1 + GENERATIONS * max(self.workers, 1))  # 0 workers: row 1 probes
-        self.saved = {"collate_fn": loader.collate_fn, "worker_init_fn": loader.worker_init_fn}
-        self.timed_in_main = False
-        self.init = WorkerInit(loader.worker_init_fn, self.table, self.workers, seed_module, rank)
+        collate, init = loader.collate_fn, loader.worker_init_fn
+        self.saved = {  # the user's own, even if an earlier fit left a timer on (it never does)
+            "collate_fn": collate.fn if isinstance(collate, TimedCollate) else collate,
+            "worker_init_fn": init.fn if isinstance(init, WorkerInit) else init,
+        }
+        self.init = WorkerInit(init, self.table, self.workers, seed_module, rank)
         self.train_generation = 0  # the pool the fit's own iterator uses
         self.wait_seconds = 0.0
         self.waits = 0
         self.count_from = 0.0  # batches collated before this time are not paired
-        loader.collate_fn = TimedCollate(loader.collate_fn)
+        loader.collate_fn = TimedCollate(collate)
         if self.workers > 0:
             loader.worker_init_fn = self.init
-            loader._get_iterator = functools.partial(self._new_iterator, loader, True)
-        else:
-            self.timed_in_main = time_dataset(loader.dataset)
+        loader._get_iterator = functools.partial(self._new_iterator, loader, True)
 
     def _new_iterator(self, loader: Any, train: bool) -> Any:
-        self.init.generation += 1
+        if self.workers == 0:  # this process loads: time this iterator's fetcher alone
+            inner = type(loader)._get_iterator(loader)
+            fetcher = getattr(inner, "_dataset_fetcher", None)
+            if fetcher is not None:
+                inner._dataset_fetcher = TimedFetcher(fetcher)
+            return inner
+        self.init.generation += 1  # before the pool starts: its workers write this generation
         generation = self.init.generation
         if train:
             self.train_generation = generation
-        inner = type(loader)._get_iterator(loader)
-        return _ReceivingIterator(inner, self, generation)
+        return _ReceivingIterator(type(loader)._get_iterator(loader), self, generation)
 
     def live_rows(self) -> list[int]:
         """The rows of the processes loading for the fit now (row 0: the main process)."""
@@ -327,8 +284,7 @@ class LoaderProbe:
         """
         side = copy.copy(self.loader)
         side.__dict__["_iterator"] = None
-        if self.workers > 0:
-            side.__dict__["_get_iterator"] = functools.partial(self._new_iterator, side, False)
+        side.__dict__["_get_iterator"] = functools.partial(self._new_iterator, side, False)
         return side
 
     @staticmethod
@@ -341,7 +297,7 @@ class LoaderProbe:
             shutdown()
 
     def restore(self) -> None:
-        """Put the user's collate function, worker_init_fn and dataset class back."""
+        """Put the user's collate function and worker_init_fn back; unwrap a live iterator."""
         loader = self.loader
         loader.collate_fn = self.saved["collate_fn"]
         loader.worker_init_fn = self.saved["worker_init_fn"]
@@ -349,5 +305,3 @@ class LoaderProbe:
         iterator = loader.__dict__.get("_iterator")
         if isinstance(iterator, _ReceivingIterator):  # a persistent pool lives on unwrapped
             loader.__dict__["_iterator"] = iterator._inner
-        if self.timed_in_main:
-            untime_dataset(loader.dataset)

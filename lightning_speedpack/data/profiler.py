@@ -22,7 +22,7 @@ from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.data import stages as _stages
 from lightning_speedpack.data.ceilings import Verdict, loader_ceiling, verdict
-from lightning_speedpack.data.instrument import LoaderProbe, untimed_class
+from lightning_speedpack.data.instrument import LoaderProbe
 from lightning_speedpack.data.pipeline import PipelineTotals, delta, format_stage_table
 from lightning_speedpack.data.stages import RowSnapshot
 
@@ -134,6 +134,9 @@ class DataPipelineProfiler(Callback):
         self._last_logged_step = -1
         self._pending = PipelineTotals()
         self._location: str | None = None
+        self.trial_steps = 0  # the user's training steps the model ceiling ran before the fit
+        self.not_measured: str | None = None  # why the loader was not read by a side probe
+        self._from_fit = False  # a stream: both ceilings come from the fit's own batches
         # runtime only (never pickled)
         self._probes: list[LoaderProbe] = []
         self._reads: dict[int, tuple[list[RowSnapshot], float]] = {}
@@ -162,6 +165,7 @@ class DataPipelineProfiler(Callback):
             return
         self.totals, self.verdict, self.last_metrics = PipelineTotals(), None, {}
         self.loader_ceiling = self.model_ceiling = None
+        self.not_measured, self._from_fit, self.trial_steps = None, False, 0
         self._batches, self._last_logged_step, self._pending = 0, -1, PipelineTotals()
         self._shadow(trainer)
 
@@ -177,6 +181,14 @@ class DataPipelineProfiler(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._keep_train_probes(trainer)  # loaders reloaded for this epoch
         self._activate_main()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._from_fit:  # once: the model ceiling on the fit's own first batch
+            self._from_fit = False
+            self._time_model(trainer, pl_module, batch)
 
     @override
     def on_train_batch_end(
@@ -210,6 +222,11 @@ class DataPipelineProfiler(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._window()
         _stages.deactivate()
+        if self.not_measured is not None and self._probes:  # a stream: ceilings from the fit
+            per_process = self.totals.per_process_samples_per_sec()
+            processes = max(self._probes[0].workers, 1)
+            self.loader_ceiling = None if per_process is None else per_process * processes
+            self._conclude(trainer, self._probes[0].workers, per_process)
         if trainer.global_step != self._last_logged_step:  # the unlogged tail, once
             self._log(trainer)
         if trainer.is_global_zero:
@@ -236,6 +253,9 @@ class DataPipelineProfiler(Callback):
         figures["batches"] = self._batches
         figures["loader_ceiling_samples_per_sec"] = self.loader_ceiling
         figures["model_ceiling_samples_per_sec"] = self.model_ceiling
+        figures["trial_steps"] = self.trial_steps
+        if self.not_measured is not None:
+            figures["not_measured"] = self.not_measured
         if self.verdict is not None:
             figures["verdict"] = self.verdict.message
             figures["bound"] = self.verdict.bound
@@ -353,9 +373,17 @@ class DataPipelineProfiler(Callback):
         _stages._ACTIVE = self._main_recorder  # resumed: the row keeps counting
 
     def _run_probes(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from lightning_speedpack.core.trials import time_training_steps
-
         probe = self._probes[0]
+        if isinstance(probe.loader.dataset, torch.utils.data.IterableDataset):
+            # A stream may hold state a second reader would change or collide with (LitData's
+            # resumable position, MosaicML's shared memory, a cache's pass counts): it is never
+            # read aside from the fit. Both ceilings come from the fit's own batches.
+            self.not_measured = (
+                "the loader ceiling of a stream is read from the fit's own batches (busy time per "
+                "loading process), never from a second reader of the stream"
+            )
+            self._from_fit = True
+            return
         main = _stages._ACTIVE
         if probe.workers == 0:
             _stages.activate(probe.table, 1)  # the probe's own row; row 0 is the fit's
@@ -372,16 +400,27 @@ class DataPipelineProfiler(Callback):
         during.add(rows)
         self.loader_ceiling = result.samples_per_sec
         if result.batch is not None:
-            try:
-                seconds, samples = time_training_steps(
-                    trainer, pl_module, result.batch, self.model_steps
-                )
-                self.model_ceiling = samples / seconds if seconds > 0 else None
-            except Exception as err:  # a probe must never end the fit
-                rank_zero_warn(f"DataPipelineProfiler: the model ceiling was not measured: {err}")
-        self.verdict = verdict(
-            self.loader_ceiling, self.model_ceiling, during.per_process_samples_per_sec()
-        )
+            self._time_model(trainer, pl_module, result.batch)
+        self._conclude(trainer, probe.workers, during.per_process_samples_per_sec())
+
+    def _time_model(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        """The model ceiling: ``model_steps`` of the user's training steps, all state put back.
+
+        These steps run the user's ``training_step`` (and whatever it touches besides the
+        module, optimizer and RNG states that are put back); ``self.log`` is a no-op meanwhile.
+        """
+        from lightning_speedpack.core.trials import time_training_steps
+
+        try:
+            seconds, samples = time_training_steps(trainer, pl_module, batch, self.model_steps)
+            self.model_ceiling = samples / seconds if seconds > 0 else None
+            self.trial_steps = 1 + self.model_steps
+        except Exception as err:  # a probe must never end the fit
+            rank_zero_warn(f"DataPipelineProfiler: the model ceiling was not measured: {err}")
+
+    def _conclude(self, trainer: pl.Trainer, workers: int, per_worker: float | None) -> None:
+        """State the verdict, publish it to the advisor, log both ceilings."""
+        self.verdict = verdict(self.loader_ceiling, self.model_ceiling, per_worker)
         rank_zero_info(f"DataPipelineProfiler: {self.verdict.message}")
         v = self.verdict
         events.publish(
@@ -392,7 +431,7 @@ class DataPipelineProfiler(Callback):
                 v.model_samples_per_sec,
                 v.workers_needed,
                 v.per_worker_samples_per_sec,
-                probe.workers,
+                workers,
             ),
         )
         if trainer.is_global_zero:
@@ -481,7 +520,7 @@ class DataPipelineProfiler(Callback):
 
 
 def _fetch_location(dataset: Any) -> str | None:
-    cls = untimed_class(type(dataset))
+    cls = type(dataset)
     for name in ("__getitems__", "__getitem__", "__iter__"):
         location = user_code_location(getattr(cls, name, None))
         if location is not None:

@@ -173,7 +173,7 @@ class RowSnapshot:
 class _Recorder:
     """Writes one process's timings into its row (plain memory writes, one writer per row)."""
 
-    __slots__ = ("base", "mv", "names", "slots", "stack")
+    __slots__ = ("base", "items", "mv", "names", "slots", "stack")
 
     def __init__(self, table: CounterTable, row: int) -> None:
         table.clear_row(row)
@@ -183,6 +183,7 @@ class _Recorder:
         self.base = row * FIELDS
         self.slots: dict[str, int] = {}
         self.stack: list[float] = []
+        self.items = 0  # samples handed to the last collate (a stream's batch may be short)
         self.mv[self.base + F_PID] = float(os.getpid())
         self.mv[self.base + F_START] = _clock()
 
@@ -197,6 +198,11 @@ class _Recorder:
         mv[b + F_RING + seq % RING] = done
         mv[b + F_COLLATE_S] += seconds
         mv[b + F_COLLATE_N] = seq + 1  # written last: the ring entry is there before it counts
+
+    def collated(self) -> tuple[float, int]:
+        """Seconds spent collating and batches collated so far (read by the timed fetcher)."""
+        mv, b = self.mv, self.base
+        return mv[b + F_COLLATE_S], int(mv[b + F_COLLATE_N])
 
     def add_stage(self, name: str, seconds: float, count: int) -> None:
         slot = self.slots.get(name)

@@ -70,8 +70,11 @@ class CachedStream(IterableDataset[Any]):
     :class:`~lightning_speedpack.CachedDataset`: one copy per node, crash-safe, removed when the
     last user exits or by the next construction after a ``SIGKILL``). **Later passes** never
     call the source: the cached items are split across the node's workers and ranks without
-    duplicates (process ``k`` of ``n`` takes items ``k, k + n, ...``), reshuffled each pass when
-    ``shuffle=True`` (seeded by ``seed`` and the pass number, so identical on every rank).
+    duplicates (process ``k`` of ``n`` serves a share fixed by ``seed``: with ``shuffle=False``
+    items ``k, k + n, ...``, with ``shuffle=True`` a random ``1/n`` of them, in an order drawn
+    anew each pass). The shares never depend on how many passes a process has counted, so a
+    second reader of the same stream (another DataLoader, a probe) never makes a pass of the
+    fit repeat or skip an item.
     ``transform`` runs on every item, after the cache.
 
     A pass that starts after this process's shard is stored but before the other shards are
@@ -93,7 +96,7 @@ class CachedStream(IterableDataset[Any]):
         max_items: at most this many items are cached. Default: ``len(stream)`` if it has one,
             else ``DEFAULT_MAX_ITEMS``.
         max_bytes: payload budget, as for ``CachedDataset``.
-        shuffle: reshuffle the cached items each pass (seeded, the same on every rank).
+        shuffle: serve each process's share of the cached items in a new order each pass.
         seed: the shuffle's seed.
         storage: ``"shared"`` (``/dev/shm``) or ``"disk"``; ``path``: the file for ``"disk"``.
         key: tells apart two streams of the same class (e.g. the preprocessing version).
@@ -259,11 +262,8 @@ class CachedStream(IterableDataset[Any]):
         arena.finish_fill(me, cut=cut)
 
     def _serve(self, arena: Arena, me: int, shards: int, epoch: int) -> Iterator[Any]:
-        items = arena.ready_items()
-        if self.shuffle:
-            items = items[np.random.default_rng([self.seed, epoch]).permutation(len(items))]
         transform = self.transform
-        for index in items[me::shards].tolist():
+        for index in self.share(arena.ready_items(), me, shards, epoch).tolist():
             with stage(CACHE_HIT_STAGE):
                 sample = arena.get(index)
             if sample is MISSING:  # pragma: no cover - a ready slot never changes
@@ -273,6 +273,31 @@ class CachedStream(IterableDataset[Any]):
                 with stage(TRANSFORM_STAGE):
                     sample = transform(sample)
             yield sample
+
+    def share(
+        self, items: np.ndarray[Any, Any], me: int, shards: int, epoch: int
+    ) -> np.ndarray[Any, Any]:
+        """The cached items process ``me`` of ``shards`` serves in its pass number ``epoch``.
+
+        Which items a process serves depends on ``seed`` alone, never on the pass number: the
+        processes of one pass (workers, ranks) then split the items without a repeat or a gap
+        even when they count their passes differently -- a second reader of the same cache (a
+        probe, another DataLoader) adds passes to some counters and not to others. With
+        ``shuffle`` the order within each share is drawn anew each pass.
+
+        Example:
+            >>> import numpy as np
+            >>> stream = CachedStream.__new__(CachedStream)
+            >>> stream.shuffle, stream.seed = True, 0
+            >>> items = np.arange(10)
+            >>> shares = [stream.share(items, me, 2, epoch=me) for me in range(2)]  # passes differ
+            >>> sorted(np.concatenate(shares).tolist()) == list(range(10))
+            True
+        """
+        if not self.shuffle:
+            return items[me::shards]
+        mine = items[np.random.default_rng([self.seed]).permutation(len(items))][me::shards]
+        return mine[np.random.default_rng([self.seed, epoch, me]).permutation(len(mine))]
 
     def _from_source(self, arena: Arena | None, *, skip: int) -> Iterator[Any]:
         transform = self.transform

@@ -609,25 +609,31 @@ def scaling_collate(batch: list[Any]) -> Any:
 def test_a_collate_that_modifies_samples_in_place_leaves_the_cache_intact(
     workers: int, profiled: bool
 ) -> None:
-    from lightning_speedpack.data.instrument import TimedCollate, timed_dataset_class
+    from lightning_speedpack.data import stages
+    from lightning_speedpack.data.instrument import LoaderProbe
 
     expected = _expected_batches(4, scale=2)
     with CachedDataset(Alike(), max_bytes=1 << 20) as cached:
-        if profiled:  # as the DataPipelineProfiler instruments a loader
-            cached.__class__ = timed_dataset_class(CachedDataset)
         loader = DataLoader(
             cached,
             batch_size=4,
             num_workers=workers,
-            collate_fn=TimedCollate(scaling_collate) if profiled else scaling_collate,
+            collate_fn=scaling_collate,
             multiprocessing_context="fork" if workers else None,
         )
+        if profiled:  # as the DataPipelineProfiler instruments a loader
+            probe = LoaderProbe(loader)
+            stages.activate(probe.table, 0)
         for _epoch in range(3):
             for (x, v, y), (ex, ev, ey) in zip(loader, expected, strict=True):
                 assert torch.equal(x, ex)
                 assert torch.equal(v, ev)
                 assert torch.equal(y, ey)
         assert cached.cache_info().hits == 32
+        if profiled:
+            stages.deactivate()
+            assert sum(row.samples for row in probe.table.read()) == 48  # each fetch timed
+            probe.restore()
         del loader
 
 
@@ -637,7 +643,8 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
     """The fast path (views into the cache, stacked by default_collate) is taken under torch's
     own DataLoader, also while profiled; anything else gets samples of its own."""
     from lightning_speedpack.data.arena import Arena
-    from lightning_speedpack.data.instrument import TimedCollate, timed_dataset_class
+    from lightning_speedpack.data import stages
+    from lightning_speedpack.data.instrument import LoaderProbe, TimedCollate
 
     hows: list[str] = []
     original = Arena.get_many
@@ -662,10 +669,15 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
             list(loader)
             seen[name] = hows[-1]
         hows.clear()
-        cached.__class__ = timed_dataset_class(CachedDataset)
-        list(DataLoader(cached, batch_size=16, collate_fn=TimedCollate(default)))
-        seen["timed dataset"] = hows[-1]
-        cached.__class__ = CachedDataset
+        profiled = DataLoader(cached, batch_size=16)
+        probe = LoaderProbe(profiled)  # as the DataPipelineProfiler instruments a loader
+        stages.activate(probe.table, 0)
+        try:
+            list(profiled)
+        finally:
+            stages.deactivate()
+            probe.restore()
+        seen["profiled loader"] = hows[-1]
         train, _ = torch.utils.data.random_split(cached, [12, 4])  # a Subset of a Subset below
         for name, subset in (("subset", train), ("subset of subset", Subset(train, range(8)))):
             hows.clear()
@@ -684,7 +696,7 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
         "custom": "together",
         "timed default": "views",
         "timed custom": "together",
-        "timed dataset": "views",
+        "profiled loader": "views",
         "subset": "views",
         "subset, custom": "together",
         "subset of subset": "views",

@@ -540,3 +540,39 @@ def test_only_may_be_any_iterable_of_names(tmp_path: Path, probe: None) -> None:
     session = DoctorSession(only=(name for name in ["probe"]))  # read once, not consumed twice
     assert session.only == {"probe"}
     assert "Probe" in _attached(session, tmp_path)
+
+
+CHILDREN_SCRIPT = """\
+import multiprocessing
+import subprocess
+import sys
+
+
+def square(x):
+    return x * x
+
+
+if __name__ == "__main__":
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"],
+        capture_output=True,
+        text=True,
+    )
+    print("subprocess:", repr(child.stdout), repr(child.stderr), child.returncode)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        print("spawn pool:", pool.map(square, range(4)))
+"""
+
+
+def test_processes_the_doctor_does_not_attach_to_keep_their_output_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    """A subprocess of ``sys.executable`` and a spawn pool started by the doctored script print
+    exactly what they print without the doctor (no 'Error in sitecustomize')."""
+    script = _script(tmp_path, CHILDREN_SCRIPT)
+    plain = run_in_session([sys.executable, str(script)], timeout=120, cwd=tmp_path)
+    doctored = _cli("--quiet", str(script), cwd=tmp_path)
+    assert plain.returncode == doctored.returncode == 0, doctored.stderr
+    assert "subprocess: 'out\\n' 'err\\n' 0" in plain.stdout
+    assert doctored.stdout == plain.stdout
+    assert doctored.stderr == plain.stderr == ""

@@ -19,8 +19,11 @@ if _script and sys.argv and sys.argv[0] and os.path.abspath(sys.argv[0]) == _scr
     except Exception as _err:  # never stop the user's rank from starting
         print(f"speedpack doctor: could not attach to this rank: {_err}", file=sys.stderr)
 
-# Chain to the sitecustomize this one shadows, if any.
-sys.modules.pop("sitecustomize", None)
+# Chain to the sitecustomize this one shadows, if any. This module is still being imported:
+# importlib reads `sys.modules["sitecustomize"]` back when it returns, so the entry must be
+# there again (ours, or the shadowed one's), or every Python process started under the doctor
+# prints "Error in sitecustomize ... KeyError: 'sitecustomize'".
+_this = sys.modules.pop("sitecustomize", None)
 _saved = sys.path[:]
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 try:
@@ -29,3 +32,5 @@ except ImportError:
     pass
 finally:
     sys.path[:] = _saved
+    if _this is not None:
+        sys.modules.setdefault("sitecustomize", _this)
