@@ -642,8 +642,8 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
 ) -> None:
     """The fast path (views into the cache, stacked by default_collate) is taken under torch's
     own DataLoader, also while profiled; anything else gets samples of its own."""
-    from lightning_speedpack.data.arena import Arena
     from lightning_speedpack.data import stages
+    from lightning_speedpack.data.arena import Arena
     from lightning_speedpack.data.instrument import LoaderProbe, TimedCollate
 
     hows: list[str] = []
