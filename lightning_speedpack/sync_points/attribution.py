@@ -1,7 +1,11 @@
 """Whose call a sync is: the user's frame (reported there), Lightning's, or dataset code's.
 
 Attribution walks the Python stack from the call: frames inside torch, numpy, the standard
-library and this tool are skipped; if the first remaining frame belongs to Lightning
+library and this tool are skipped. Frames of any other installed library (torchmetrics,
+Hugging Face, ...: a file under ``site-packages``) are passed over too, remembered as the
+library the sync happened in: the sync is placed at the line that called into the library
+(the user's, or Lightning's), never at a line in site-packages alone. If the first remaining
+frame belongs to Lightning
 (``pytorch_lightning/``, ``lightning_fabric/``, ``lightning_utilities/``, or the ``lightning``
 package's ``lightning/pytorch/`` and ``lightning/fabric/``: both namespaces), the sync is the
 framework's (``origin="framework"``), otherwise it is the user's and is reported at that
@@ -18,12 +22,21 @@ import re
 import sysconfig
 from collections.abc import Sequence
 from types import FrameType
+from typing import NamedTuple
 
 import torch
 
 from lightning_speedpack.sync_points.findings import FIXES, Origin, SyncFinding
 
-__all__ = ["attribute_frame", "framework_fix", "matches_allow"]
+__all__ = [
+    "Attribution",
+    "attribute",
+    "attribute_frame",
+    "framework_fix",
+    "library_fix",
+    "library_name",
+    "matches_allow",
+]
 
 
 def _module_dir(name: str) -> str | None:
@@ -63,7 +76,8 @@ _STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
 _OWN_DIR = os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), ""))
 _GENERIC_FRAMEWORK = ("apply_func.py", "lightning_utilities")
 
-_SKIP, _FRAMEWORK, _USER, _DATA = 0, 1, 2, 3
+_SKIP, _FRAMEWORK, _USER, _DATA, _LIBRARY = 0, 1, 2, 3, 4
+_INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 _CATEGORY: dict[str, int] = {}
 
 
@@ -83,31 +97,49 @@ def _category(filename: str) -> int:
         and "dist-packages" not in filename
     ):
         cat = _SKIP
+    elif any(marker in filename for marker in _INSTALLED):
+        cat = _LIBRARY
     else:
         cat = _USER
     _CATEGORY[filename] = cat
     return cat
 
 
-def attribute_frame(frame: FrameType | None) -> tuple[FrameType, Origin] | None:
-    """Return the frame a sync made at ``frame`` is reported at, and whose it is.
+class Attribution(NamedTuple):
+    """Where a sync is reported, whose it is, and the library frame it happened in (if any)."""
 
-    Frames of torch, numpy, the standard library and this detector are skipped. If the first
-    other frame is Lightning's, the origin is ``"framework"`` and the frame is the first
+    frame: FrameType
+    origin: Origin
+    library: FrameType | None = None
+
+
+def attribute(frame: FrameType | None) -> Attribution | None:
+    """Return where a sync made at ``frame`` is reported, whose it is, and the library frame.
+
+    Frames of torch, numpy, the standard library and this detector are skipped; frames of
+    another installed library are passed over, the innermost kept as ``library``. If the
+    first other frame is Lightning's, the origin is ``"framework"`` and the frame is the first
     Lightning frame that is not a generic helper (``apply_func``, ``lightning_utilities``).
-    Otherwise it is ``"user"`` at that frame. Returns None when a ``torch.utils.data`` loader
-    is on the stack (dataset code), or for a stack with no frame left.
+    Otherwise it is ``"user"`` at that frame (at the library's own frame only when no frame
+    outside the libraries called it). Returns None when a ``torch.utils.data`` loader is on
+    the stack (dataset code), or for a stack with no frame left.
     """
     f = frame
+    library: FrameType | None = None
+    cat = _SKIP
     while f is not None:
         cat = _category(f.f_code.co_filename)
         if cat == _DATA:
             return None
-        if cat != _SKIP:
+        if cat == _LIBRARY:
+            library = library or f
+        elif cat != _SKIP:
             break
         f = f.f_back
     if f is None:
-        return None
+        if library is None:
+            return None
+        f, cat = library, _USER  # nothing outside the library called it
     found: FrameType = f
     origin: Origin = "user"
     if cat == _FRAMEWORK:
@@ -124,7 +156,44 @@ def attribute_frame(frame: FrameType | None) -> tuple[FrameType, Origin] | None:
         if _category(up.f_code.co_filename) == _DATA:
             return None
         up = up.f_back
-    return found, origin
+    return Attribution(found, origin, None if library is found else library)
+
+
+def attribute_frame(frame: FrameType | None) -> tuple[FrameType, Origin] | None:
+    """:func:`attribute` without the library: ``(frame, origin)`` or None."""
+    found = attribute(frame)
+    return None if found is None else (found.frame, found.origin)
+
+
+def library_name(filename: str) -> str:
+    """The top-level package of an installed file (``torchmetrics`` for ``.../torchmetrics/x.py``).
+
+    Example:
+        >>> library_name("/venv/lib/python3.11/site-packages/torchmetrics/utilities/compute.py")
+        'torchmetrics'
+    """
+    for marker in _INSTALLED:
+        _head, sep, tail = filename.partition(marker)
+        if sep:
+            return tail.split(os.sep, 1)[0].removesuffix(".py")
+    return os.path.basename(filename)
+
+
+def library_fix(library: str, kind: str) -> str:
+    """The setting behind a sync inside ``library``."""
+    if library == "torchmetrics":
+        return (
+            "a torchmetrics metric called as `self.metric(preds, target)` computes the batch's "
+            "value every step (and a metric object logged with on_step=True is computed every "
+            "step): call `self.metric.update(preds, target)` in the step and log the metric "
+            "object with on_step=False, on_epoch=True, so it is computed once per epoch"
+        )
+    if library in ("transformers", "datasets", "accelerate"):
+        return (
+            f"Hugging Face {library} syncs inside this call ({kind}); call it every N steps or "
+            "outside the training step"
+        )
+    return f"{library} syncs inside this call ({kind}); call it less often than every step"
 
 
 def matches_allow(filename: str, lineno: int, patterns: Sequence[str]) -> bool:
@@ -161,6 +230,8 @@ def framework_fix(finding: SyncFinding) -> str:
             "the progress bar reads logged values every refresh: enable_progress_bar=False, "
             "fewer prog_bar=True values, or a larger refresh_rate"
         )
+    if finding.library == "torchmetrics":
+        return library_fix(finding.library, finding.kind)
     if "logger_connector" in where or "result" in where:
         return "logged values are read when written: raise Trainer(log_every_n_steps=...)"
     if finding.kind == "pageable copy":

@@ -14,6 +14,7 @@ from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, Cell, log_fit_end, log_summary, log_table
+from lightning_speedpack.sync_points.attribution import library_fix
 from lightning_speedpack.sync_points.detect import (
     FIXES,
     SyncDebugApi,
@@ -372,17 +373,20 @@ class SyncPointWarnings(Callback):
         out: list[Finding] = []
         for f in self.report:
             figures = {"count": f.count, "per_step": round(f.per_step, 3), "kind": f.kind}
+            if f.library:
+                figures["library"], figures["library_location"] = f.library, f.library_location
             if f.origin == "user":
+                inside = f" inside {f.library} ({f.library_location})" if f.library else ""
                 out.append(
                     Finding(
                         "sync_points",
                         f"sync-{f.kind.replace(' ', '-')}",
-                        f"`{f.code}` makes the CPU wait for the device ({f.kind}, "
+                        f"`{f.code}` makes the CPU wait for the device{inside} ({f.kind}, "
                         f"{f.per_step:.2g}x per step)",
                         location=f.location,
                         figures=figures,
                         severity="warning",
-                        fix=FIXES.get(f.kind),
+                        fix=library_fix(f.library, f.kind) if f.library else FIXES.get(f.kind),
                     )
                 )
             else:

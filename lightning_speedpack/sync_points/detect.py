@@ -22,8 +22,10 @@ from types import FrameType
 from typing import Any
 
 from lightning_speedpack.sync_points.attribution import (
+    attribute,
     attribute_frame,
     framework_fix,
+    library_name,
     matches_allow,
 )
 from lightning_speedpack.sync_points.findings import (
@@ -34,6 +36,7 @@ from lightning_speedpack.sync_points.findings import (
     SyncFinding,
     SyncPointError,
     SyncWarning,
+    _display_path,
 )
 from lightning_speedpack.sync_points.patching import (
     Saved,
@@ -246,10 +249,10 @@ class SyncDetector:
         Raises:
             SyncPointError: ``raise_on_user`` and the sync is the user's.
         """
-        found = attribute_frame(frame)
+        found = attribute(frame)
         if found is None:
             return
-        f, origin = found
+        f, origin, library = found
         if kind == CPU_TO_CPU:
             if origin == "framework":
                 return  # Lightning moving a CPU tensor to its own (CPU) device
@@ -276,6 +279,10 @@ class SyncDetector:
                 first_step=self.step,
                 origin=origin,
             )
+            if library is not None:
+                inside = library.f_code.co_filename
+                rec.library = library_name(inside)
+                rec.library_location = f"{_display_path(inside)}:{library.f_lineno}"
         rec.count += 1
         if self._last_batch.get(key) != self.batches:
             self._last_batch[key] = self.batches

@@ -79,6 +79,8 @@ class SyncFinding:
         first_step: ``trainer.global_step`` when it was first seen.
         steps_seen: in how many watched batches it synced; ``count / steps_seen`` is per step.
         origin: ``"user"`` or ``"framework"`` (Lightning's or this pack's own code).
+        library: the installed library the sync happened inside (``"torchmetrics"``), or "".
+        library_location: the line inside that library (``torchmetrics/x.py:92``), or "".
 
     Example:
         >>> f = SyncFinding("item", "train.py", 12, "loss.item()", "training_step", count=6,
@@ -96,6 +98,8 @@ class SyncFinding:
     first_step: int = 0
     steps_seen: int = 0
     origin: Origin = "user"
+    library: str = ""
+    library_location: str = ""
 
     @property
     def location(self) -> str:

@@ -432,3 +432,39 @@ def test_without_a_logger_nothing_is_written(ns: Namespace, tmp_path: Path) -> N
     )
     trainer.fit(ns.SizedBoringModel())
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith("speedpack")]
+
+
+class MetricOnStep(BoringModel):
+    """Lightning's documented torchmetrics pattern: the metric called in the step, the metric
+    object logged with on_step=True."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torchmetrics
+
+        self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        preds = self.layer(batch).argmax(dim=-1)
+        self.train_acc(preds, (batch[:, 0] > 0).long())  # sync: metric-call
+        self.log("train_acc", self.train_acc, on_step=True, on_epoch=False)
+        return out
+
+
+def test_a_sync_inside_torchmetrics_is_placed_at_the_users_line_with_the_setting(
+    tmp_path: Path,
+) -> None:
+    cb = SyncPointWarnings(mode="summary", include_cpu=True)
+    fit(cb, MetricOnStep(), tmp_path)
+    line = marked_lines(MetricOnStep.training_step)["metric-call"]
+    findings = [f for f in cb.doctor_findings() if f.figures.get("library") == "torchmetrics"]
+    assert findings, [f.location for f in cb.doctor_findings()]
+    for finding in findings:  # never a line in site-packages alone
+        assert finding.location == f"tests/sync_points/test_callback.py:{line}"
+        assert finding.severity == "warning"
+        assert "inside torchmetrics (torchmetrics/" in finding.message
+        assert finding.figures["library_location"].startswith("torchmetrics/")
+        assert "update(preds, target)" in (finding.fix or "")
+        assert "on_epoch=True" in (finding.fix or "")
+    assert not any("site-packages" in (f.location or "") for f in cb.doctor_findings())
