@@ -5,7 +5,10 @@ training steps before the fit starts (e.g. measuring the model's own ceiling):
 
 - :class:`StateSnapshot` copies what a trial may change -- parameters and buffers
   (bit-identical), gradients, train/eval modes, optimizer and LR-scheduler state, the torch,
-  numpy, Python (and CUDA) RNG states -- to host memory, and puts it all back.
+  numpy, Python (and CUDA) RNG states, the accumulated state of torchmetrics metrics -- to host
+  memory, and puts it all back. A trial runs the user's ``training_step``: whatever else it
+  touches (a global counter, a file it writes, a logger it calls directly rather than through
+  ``self.log``) is touched by the trial too.
 - :class:`TrialRunner` runs ``steps`` real training steps (forward, backward, optimizer step) on
   batches of the train dataloader, plus one validation step, and times them; on several ranks
   the ranks agree on the outcome through one small, time-bounded collective per trial.
@@ -403,6 +406,7 @@ class StateSnapshot:
     optimizers: list[tuple[torch.optim.Optimizer, dict[str, Any]]]
     schedulers: list[tuple[Any, dict[str, Any]]]
     rng: dict[str, Any] = field(default_factory=dict)
+    metrics: list[tuple[torch.nn.Module, dict[str, Any]]] = field(default_factory=list)
 
     @classmethod
     def take(cls, trainer: pl.Trainer, pl_module: pl.LightningModule) -> StateSnapshot:
@@ -426,6 +430,7 @@ class StateSnapshot:
                 for c in trainer.lr_scheduler_configs
             ],
             rng=rng,
+            metrics=[(m, _metric_state(m)) for m in pl_module.modules() if _is_metric(m)],
         )
 
     def restore_grads(self) -> None:
@@ -450,3 +455,21 @@ class StateSnapshot:
         random.setstate(self.rng["python"])
         if "cuda" in self.rng:
             torch.cuda.set_rng_state_all(self.rng["cuda"])
+        for metric, state in self.metrics:  # a trial's update never reaches the epoch's value
+            for name, value in state.items():
+                setattr(metric, name, copy.deepcopy(value))
+
+
+# A torchmetrics ``Metric`` keeps its accumulated state in plain attributes (``add_state``), not
+# in parameters or buffers: a trial step that calls ``self.metric(preds, target)`` adds to it.
+_METRIC_FIELDS = ("_update_count", "_computed", "_forward_cache")
+
+
+def _is_metric(module: torch.nn.Module) -> bool:
+    return isinstance(getattr(module, "_defaults", None), dict) and hasattr(module, "_update_count")
+
+
+def _metric_state(metric: torch.nn.Module) -> dict[str, Any]:
+    defaults: dict[str, Any] = getattr(metric, "_defaults", {})
+    names = [*defaults, *_METRIC_FIELDS]
+    return {n: copy.deepcopy(getattr(metric, n)) for n in names if hasattr(metric, n)}

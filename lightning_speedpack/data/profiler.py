@@ -51,10 +51,15 @@ class DataPipelineProfiler(Callback):
     With ``probe="start"`` it measures two ceilings when training starts: the *loader
     ceiling* (the training loader alone, a fresh iterator on a copy of it, after warm-up) and
     the *model ceiling* (``model_steps`` real training steps on one batch already in memory,
-    with parameters, optimizer and RNG states put back bit-identically), and states the
-    verdict, e.g. "data-bound: the loader delivers 310 samples/s, the model could consume
-    2,400", with the number of workers that would close the gap at the measured per-worker
-    rate.
+    with parameters, optimizer, RNG and torchmetrics states put back bit-identically and
+    ``self.log`` muted; these steps run your ``training_step``, so whatever else it touches --
+    a global, a file, a logger called directly -- it touches, and the report says how many
+    ran). A stream (``IterableDataset``: WebDataset, LitData, MosaicML, a ``CachedStream``) is
+    never read by a second reader: its loader ceiling is read from the fit's own batches (busy
+    time per loading process) and its model ceiling timed on the fit's first batch, with the
+    verdict at the end of training. Either way it states the verdict, e.g. "data-bound: the
+    loader delivers 310 samples/s, the model could consume 2,400", with the number of workers
+    that would close the gap at the measured per-worker rate.
 
     Rank policy: measures on every rank (each its own loader); logs and reports rank 0's.
 
@@ -275,6 +280,28 @@ class DataPipelineProfiler(Callback):
                     + format_stage_table(self.totals),
                     location=self._location,
                     figures=self.totals.metrics(self.prefix),
+                    severity="info",
+                )
+            )
+        if self.not_measured is not None:
+            found.append(
+                Finding(
+                    component="data",
+                    id="loader-ceiling-from-the-fit",
+                    message=f"not measured aside from the fit: {self.not_measured}",
+                    severity="info",
+                )
+            )
+        if self.trial_steps:
+            found.append(
+                Finding(
+                    component="data",
+                    id="trial-steps",
+                    message=f"the model-ceiling probe ran {self.trial_steps} of your training "
+                    "steps before the fit went on (parameters, optimizer, RNG and metric states "
+                    "put back; self.log muted; anything else your training_step touches, it "
+                    "touched)",
+                    figures={"trial_steps": self.trial_steps},
                     severity="info",
                 )
             )

@@ -249,3 +249,57 @@ def test_workers_are_timed_and_logged_in_either_namespace(ns: Namespace, tmp_pat
         _truth_ms(truth, pm.FETCH, pm.FETCH_N), rel=TOLERANCE
     )
     assert type(trainer.train_dataloader.dataset) is pm.SlowDataset  # given back
+
+
+class MetricModel(pm.PipelineModel):
+    """Accumulates a torchmetrics metric in the step and logs it once per epoch."""
+
+    def __init__(self, truth: torch.Tensor, stream: bool) -> None:
+        super().__init__(truth, stream=stream)
+        import torchmetrics
+
+        self.mean_y = torchmetrics.MeanMetric()
+        self.calls = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.calls += 1
+        _x, y = batch
+        self.mean_y(y)
+        self.log("mean_y", self.mean_y, on_step=False, on_epoch=True)
+        self.log("step_y", y.sum(), on_step=True)
+        return super().training_step(batch, batch_idx)
+
+
+def _csv_rows(tmp_path: Path, name: str, stream: bool, probe: str) -> tuple[list[dict], Any]:
+    from pytorch_lightning.loggers import CSVLogger
+
+    model = MetricModel(pm.new_truth(), stream=stream)
+    profiler = DataPipelineProfiler(probe=probe, probe_batches=2, model_steps=2)  # type: ignore[arg-type]
+    kwargs = quiet_trainer_kwargs(tmp_path, max_epochs=2, log_every_n_steps=1)
+    kwargs.update(callbacks=[profiler], logger=CSVLogger(tmp_path, name=name))
+    Trainer(**kwargs).fit(model)
+    path = next((tmp_path / name).rglob("metrics.csv"))
+    with path.open() as f:
+        rows = [
+            {k: v for k, v in r.items() if v and not k.startswith("data/")}
+            for r in csv.DictReader(f)
+        ]
+    return [r for r in rows if set(r) - {"step", "epoch"}], (model, profiler)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["map-style", "stream"])
+def test_no_value_from_a_trial_step_reaches_the_loggers(tmp_path: Path, stream: bool) -> None:
+    """The model-ceiling probe runs the user's training_step: what the fit logs (per step and
+    the epoch's torchmetrics value) is the same as without it, and the report says so."""
+    plain, (plain_model, _) = _csv_rows(tmp_path, "plain", stream, "off")
+    probed, (model, profiler) = _csv_rows(tmp_path, "probed", stream, "start")
+    assert probed == plain
+    assert profiler.trial_steps == 3  # one warm-up and two timed steps
+    assert model.calls == plain_model.calls + profiler.trial_steps
+    # The trial steps ran first (on a probe batch, or on the fit's first batch for a stream);
+    # the fit's own steps then saw the same batches, in the same order.
+    assert model.seen[profiler.trial_steps :] == plain_model.seen
+    ids = {f.id for f in profiler.doctor_findings()}
+    assert "trial-steps" in ids
+    assert ("loader-ceiling-from-the-fit" in ids) is stream
+    assert profiler.doctor_figures()["bound"] in ("data", "model")
