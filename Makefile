@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # e.g. `make test TORCH_SPEC="torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124"`.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.speedpack-installed
+# LitData and MosaicML streaming for the invisibility grid, without their torchvision requirement
+# (a CUDA torch from the registry); their other requirements come with the dev extra.
+STACKS_SPEC ?= litdata==0.2.76 mosaicml-streaming==0.13.0
 DEMO_OUT ?= demo-output
 
 # A second venv with pytorch-lightning only (no `lightning`): proves the package imports and fits
@@ -22,6 +25,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_SPEC)
 	$(BIN)/python -m pip install -e ".[all,dev]"
+	$(BIN)/python -m pip install --no-deps $(STACKS_SPEC)
 	@touch $(STAMP)
 
 setup: $(STAMP)
