@@ -1,0 +1,213 @@
+"""A small training job that records which samples its training steps received, per epoch.
+
+``tests/test_invisible.py`` runs it twice -- ``python stack_job.py ...`` and under the pack
+(``speedpack doctor [--deep] stack_job.py ...``, or with ``--callbacks profiler``) -- and
+compares the two runs. It is a plain user script: it imports nothing from the tests, and it
+reads the data that ``tests/helpers/stacks.py`` built (``--data DIR``)::
+
+    python stack_job.py --stack tensor --data DIR --workers 2 --persistent --out ids.json
+
+It trains a ``Linear(8, 1)`` for ``--epochs`` epochs on one of the stacks (see
+``stacks.STACKS``), writes ``{"epochs": [[ids of epoch 0...], ...], ...}`` to ``--out``, and
+prints its own results on lines that start with ``JOB:`` (the doctor's report, printed at the
+end, is not part of the job's output). Only the real training steps count: the Lightning loop
+calls ``on_train_batch_start`` before each of them, which a ``training_step`` called by anything
+else (a probe timing the model) does not get; such calls are counted apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
+
+BATCH_SIZE = 16
+
+
+class Shards(IterableDataset):
+    """Stands in for a WebDataset: each worker reads its own ids, in the same order each pass."""
+
+    def __init__(self, ids: torch.Tensor, x: torch.Tensor) -> None:
+        self.ids, self.x = ids, x
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(worker, len(self.ids), workers):
+            yield self.ids[i], self.x[i]
+
+
+def to_tensors(sample: tuple[int, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoded WebDataset sample (``.cls``, ``.npy``) as tensors."""
+    key, x = sample
+    return torch.tensor(key, dtype=torch.int64), torch.from_numpy(np.array(x, dtype=np.float32))
+
+
+def arrays(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    found = np.load(data / "samples.npz")
+    return torch.from_numpy(found["ids"]), torch.from_numpy(found["x"])
+
+
+def webdataset_stream(data: Path) -> Any:
+    import webdataset as wds
+
+    urls = sorted(str(p) for p in data.glob("shard-*.tar"))
+    # Unshuffled shards, split by node (a no-op on one process) and by DataLoader worker
+    # (WebDataset's default): each epoch reads every sample once.
+    pipeline = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
+    return pipeline.decode().to_tuple("cls", "npy").map(to_tensors)
+
+
+def make_loader(args: argparse.Namespace) -> Any:
+    """The training DataLoader of ``args.stack`` over the data in ``args.data``."""
+    data = Path(args.data)
+    stack = args.stack
+    loader_kwargs: dict[str, Any] = {"batch_size": BATCH_SIZE, "num_workers": args.workers}
+    if args.workers:
+        loader_kwargs["persistent_workers"] = args.persistent
+        if args.spawn:
+            loader_kwargs["multiprocessing_context"] = "spawn"
+    if stack in ("cached_map", "stream_cached", "wds_cached", "hf_cached"):
+        from lightning_speedpack import CachedDataset
+    if stack == "tensor":
+        return DataLoader(TensorDataset(*arrays(data)), shuffle=True, **loader_kwargs)
+    if stack == "cached_map":
+        cached = CachedDataset(TensorDataset(*arrays(data)))
+        return DataLoader(cached, shuffle=True, **loader_kwargs)
+    if stack == "stream":
+        return DataLoader(Shards(*arrays(data)), **loader_kwargs)
+    if stack == "stream_cached":
+        stream = CachedDataset(Shards(*arrays(data)), shuffle=True, seed=0)
+        return DataLoader(stream, **loader_kwargs)
+    if stack == "wds":
+        return DataLoader(webdataset_stream(data), **loader_kwargs)
+    if stack == "wds_cached":
+        return DataLoader(CachedDataset(webdataset_stream(data)), **loader_kwargs)
+    if stack in ("hf", "hf_cached"):
+        import datasets
+
+        table = datasets.load_from_disk(str(data / "hf")).with_format("torch")
+        dataset = table if stack == "hf" else CachedDataset(table)
+        return DataLoader(dataset, shuffle=True, **loader_kwargs)
+    if stack == "litdata":
+        import litdata
+
+        return litdata.StreamingDataLoader(
+            litdata.StreamingDataset(str(data / "litdata")), **loader_kwargs
+        )
+    if stack == "mosaic":
+        import streaming
+
+        dataset = streaming.StreamingDataset(
+            local=str(data / "mds"), batch_size=BATCH_SIZE, shuffle=False
+        )
+        return DataLoader(dataset, **loader_kwargs)
+    raise SystemExit(f"unknown --stack {stack!r}")
+
+
+def ids_and_x(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sample ids and the features of a batch of any stack (a dict or an (ids, x) pair)."""
+    if isinstance(batch, dict):
+        return batch["id"], batch["x"]
+    return batch[0], batch[1]
+
+
+def make_module(pl: Any) -> Any:
+    class Job(pl.LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+            self.epochs: list[list[int]] = []
+            self.other_training_step_calls = 0
+            self._real_step = False
+
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+            self._real_step = True  # the Lightning loop is about to run a real training step
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            ids, x = ids_and_x(batch)
+            if self._real_step:
+                while len(self.epochs) <= self.current_epoch:
+                    self.epochs.append([])
+                self.epochs[self.current_epoch].extend(int(i) for i in ids.reshape(-1).tolist())
+            else:
+                self.other_training_step_calls += 1
+            self._real_step = False
+            return self.layer(x.float()).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Job()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--persistent", action="store_true")
+    parser.add_argument("--spawn", action="store_true", help='multiprocessing_context="spawn"')
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--namespace", default="pytorch_lightning")
+    parser.add_argument("--callbacks", default="", help="comma-separated: profiler")
+    args = parser.parse_args()
+
+    if args.namespace == "lightning":
+        import lightning.pytorch as pl
+    elif args.namespace == "pytorch_lightning":
+        import pytorch_lightning as pl
+    else:
+        raise SystemExit(f"unknown --namespace {args.namespace!r}")
+
+    pl.seed_everything(0, workers=True)
+    loader = make_loader(args)
+    model = make_module(pl)
+    callbacks = []
+    for name in filter(None, args.callbacks.split(",")):
+        if name == "profiler":
+            from lightning_speedpack import DataPipelineProfiler
+
+            callbacks.append(DataPipelineProfiler(probe="start", probe_batches=4, model_steps=2))
+        else:
+            raise SystemExit(f"unknown --callbacks entry {name!r}")
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=args.epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+    )
+    trainer.fit(model, train_dataloaders=loader)
+
+    if trainer.is_global_zero:
+        weights = hashlib.sha256()
+        for tensor in model.state_dict().values():
+            weights.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        if args.out:
+            result = {
+                "epochs": model.epochs,
+                "weights_sha256": weights.hexdigest(),
+                "other_training_step_calls": model.other_training_step_calls,
+            }
+            Path(args.out).write_text(json.dumps(result))
+        counts = [len(epoch) for epoch in model.epochs]
+        print(f"JOB: stack {args.stack} workers {args.workers} persistent {args.persistent}")
+        print(f"JOB: epochs {len(model.epochs)}")
+        print(f"JOB: samples per epoch {counts}")
+        print(f"JOB: samples {sum(counts)}")
+        print(f"JOB: global_step {trainer.global_step}")
+
+
+if __name__ == "__main__":
+    main()

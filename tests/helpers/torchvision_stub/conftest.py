@@ -1,0 +1,3 @@
+"""Keep pytest (``--doctest-modules``) from importing the stub: it is for the MosaicML jobs only."""
+
+collect_ignore = ["torchvision"]

@@ -1,0 +1,1 @@
+"""``torchvision.transforms`` stand-in (see the package docstring)."""

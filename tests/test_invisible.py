@@ -1,0 +1,356 @@
+"""Invisible to the job: the pack never changes what a training job does.
+
+For each data stack x DataLoader workers x pack mode, the same small training script
+(``tests/helpers/stack_job.py``) runs plainly (``python stack_job.py ...``) and under the pack
+(``speedpack doctor``, ``speedpack doctor --deep``, or a ``DataPipelineProfiler(probe="start")``
+the job adds itself), and the two runs must agree on:
+
+- the exit code;
+- the lines the job printed itself (``JOB: ...``; the doctor's report is not the job's);
+- per epoch, the samples the fit's real training steps received: each sample of the dataset
+  exactly once, the same multiset as the plain run and, for map-style stacks (a shuffled
+  sampler), the same order -- and then the same final weights, bit for bit.
+
+The stacks and their data are in ``tests/helpers/stacks.py``. The plain run of a (stack,
+workers) setting runs once per session and is itself checked: every epoch holds each sample
+exactly once, or the harness (not the pack) is wrong.
+
+The default run is a fast subset; the full grid is marked ``grid`` and runs only when ``-m``
+names it (otherwise its cases are skipped, so a plain ``pytest`` stays fast)::
+
+    pytest tests/test_invisible.py                    # the fast subset (~1.5 min)
+    pytest tests/test_invisible.py -m grid            # the full grid (~17 min on 2 cores)
+
+Each run keeps its ``ids.json``, ``stdout.txt`` and ``stderr.txt`` in its directory (named in a
+failure's message).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.procs import run_in_session
+from tests.helpers.stacks import (
+    MODES,
+    N_SAMPLES,
+    STACKS,
+    TORCHVISION_STUB,
+    Stack,
+    build_command,
+    job_args,
+    pack_command,
+    plain_command,
+)
+
+#: Seconds one job (or one data build) may take before it is killed with every stack dumped.
+TIMEOUT = 240
+EPOCHS = 2
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The DataLoader workers (and the Lightning namespace) of one run."""
+
+    workers: int
+    persistent: bool = False
+    spawn: bool = False
+    namespace: str = "pytorch_lightning"
+
+    @property
+    def id(self) -> str:
+        text = f"w{self.workers}" + ("p" if self.persistent else "") + ("-spawn" * self.spawn)
+        return text + ("-L" if self.namespace == "lightning" else "")
+
+
+W0 = Setting(0)
+W2 = Setting(2)
+W2P = Setting(2, persistent=True)
+W2_SPAWN = Setting(2, spawn=True)
+W2P_L = Setting(2, persistent=True, namespace="lightning")
+
+
+@dataclass
+class JobRun:
+    """What one run of the job did."""
+
+    command: list[str]
+    run: Path  # its working directory: ids.json, stdout.txt, stderr.txt
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    epochs: list[list[int]] | None  # None: the job wrote no ids file
+    weights: str | None
+    other_training_step_calls: int | None
+
+    @property
+    def job_lines(self) -> list[str]:
+        return [line for line in self.stdout.splitlines() if line.startswith("JOB:")]
+
+
+#: The plain run of each (stack, setting), run once per session.
+_PLAIN: dict[tuple[str, Setting], JobRun] = {}
+#: The directory of each data kind built this session.
+_DATA: dict[str, Path] = {}
+
+
+def _env(stack: Stack, run: Path) -> dict[str, str]:
+    """The job's environment: offline, its temporary files in ``run``, the stub if needed."""
+    env = dict(os.environ)
+    tmp = run / "tmp"  # litdata's and MosaicML's temporary files and locks: one job's own
+    tmp.mkdir(parents=True, exist_ok=True)
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(run),
+        TMPDIR=str(tmp),
+        HF_HOME=str(run / "hf-home"),
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+    )
+    if stack.stub:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(TORCHVISION_STUB), env.get("PYTHONPATH", "")) if p
+        )
+    return env
+
+
+def _error_excerpt(stderr: str) -> str:
+    """The exceptions of the last traceback in ``stderr`` (a worker's included), the frames of
+    the pack's own code in it and its innermost frame."""
+    text = stderr.splitlines()
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most recent")]
+    if not starts:
+        return "\n".join(text[-6:])[-2000:]
+    block = text[starts[-1] + 1 :]
+    errors = [line for line in block if re.match(r"[A-Za-z_][\w.]*: ", line)]
+    frames = [line.strip() for line in block if line.startswith("  File ")]
+    pack = list(dict.fromkeys(f for f in frames if "lightning_speedpack" in f))[-3:]
+    shown = [*errors[-3:], *(f"  in the pack: {f}" for f in pack)]
+    shown += [f"  innermost: {f}" for f in frames[-1:]]
+    return "\n".join(shown)[-2000:]
+
+
+def _data(stack: Stack, root: Path) -> Path:
+    """The directory of the stack's data kind, built once per session."""
+    if stack.kind not in _DATA:
+        out = root / stack.kind
+        proc = run_in_session(
+            build_command(stack.kind, out),
+            timeout=TIMEOUT,
+            env=_env(stack, root / f"build-{stack.kind}"),
+            cwd=root,
+        )
+        assert proc.returncode == 0, f"building {stack.kind} failed:\n{proc.stderr[-3000:]}"
+        assert not proc.leftovers, proc.leftovers
+        _DATA[stack.kind] = out
+    return _DATA[stack.kind]
+
+
+def _run(stack: Stack, setting: Setting, mode: str, data_root: Path, run: Path) -> JobRun:
+    """Run the job once, plainly (``mode="plain"``) or under the pack."""
+    run.mkdir(parents=True)
+    data = _data(stack, data_root)
+    if stack.stub:  # MosaicML keys its shared memory by the local dir: each job its own
+        data = Path(shutil.copytree(data, run / "data"))
+    out = run / "ids.json"
+    args = job_args(
+        stack.name,
+        data,
+        out,
+        workers=setting.workers,
+        persistent=setting.persistent,
+        spawn=setting.spawn,
+        epochs=EPOCHS,
+        namespace=setting.namespace,
+    )
+    command = plain_command(args) if mode == "plain" else pack_command(mode, args)
+    start = time.perf_counter()
+    proc = run_in_session(command, timeout=TIMEOUT, env=_env(stack, run), cwd=run)
+    seconds = time.perf_counter() - start
+    (run / "stdout.txt").write_text(proc.stdout)  # kept for a look after a failure
+    (run / "stderr.txt").write_text(proc.stderr)
+    assert not proc.leftovers, f"{mode} run left processes behind:\n" + "\n".join(proc.leftovers)
+    found = json.loads(out.read_text()) if out.is_file() else {}
+    return JobRun(
+        command=command,
+        run=run,
+        returncode=proc.returncode,
+        stdout=proc.stdout,
+        stderr=proc.stderr,
+        seconds=seconds,
+        epochs=found.get("epochs"),
+        weights=found.get("weights_sha256"),
+        other_training_step_calls=found.get("other_training_step_calls"),
+    )
+
+
+def _epoch_problems(epochs: list[list[int]]) -> list[str]:
+    """What is wrong with each epoch, against "every sample of the dataset exactly once"."""
+    problems = []
+    if len(epochs) != EPOCHS:
+        problems.append(f"{len(epochs)} epochs recorded, expected {EPOCHS}")
+    for e, ids in enumerate(epochs):
+        counts = Counter(ids)
+        repeated = {i: c for i, c in counts.items() if c > 1}
+        missing = N_SAMPLES - len(set(counts) & set(range(N_SAMPLES)))
+        unknown = sorted(set(counts) - set(range(N_SAMPLES)))
+        if len(ids) != N_SAMPLES or repeated or missing or unknown:
+            examples = dict(sorted(repeated.items())[:8])
+            problems.append(
+                f"epoch {e}: {len(ids)} samples for a dataset of {N_SAMPLES}: "
+                f"{len(counts)} distinct, {len(repeated)} repeated (id: times, e.g. {examples}), "
+                f"{missing} missing, unknown ids {unknown[:8]}"
+            )
+    return problems
+
+
+def _plain(stack: Stack, setting: Setting, data_root: Path) -> JobRun:
+    """The plain run of (stack, setting): run once per session, and checked to be exact."""
+    key = (stack.name, setting)
+    if key not in _PLAIN:
+        plain = _run(stack, setting, "plain", data_root, data_root / "plain" / key_id(*key))
+        assert plain.returncode == 0, (
+            f"the plain job failed (a harness problem, not the pack's):\n{plain.stderr[-4000:]}"
+        )
+        assert plain.epochs is not None, "the plain job wrote no ids"
+        problems = _epoch_problems(plain.epochs)
+        assert not problems, "the plain job is not exact (a harness problem):\n" + "\n".join(
+            problems
+        )
+        _PLAIN[key] = plain
+    return _PLAIN[key]
+
+
+def key_id(stack: str, setting: Setting) -> str:
+    return f"{stack}-{setting.id}"
+
+
+def _first_difference(a: list[int], b: list[int]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"position {i}: plain {a[i : i + 6]}..., pack {b[i : i + 6]}..."
+    return f"lengths {len(a)} and {len(b)}"
+
+
+def compare(stack: Stack, plain: JobRun, pack: JobRun) -> list[str]:
+    """Every way the pack's run differs from the plain run (empty: invisible)."""
+    if pack.returncode != plain.returncode:
+        return [
+            f"exit code {pack.returncode} (plain: {plain.returncode}); the error:\n"
+            + _error_excerpt(pack.stderr)
+        ]
+    if pack.epochs is None:
+        return ["the job under the pack wrote no ids file"]
+    problems = _epoch_problems(pack.epochs)
+    assert plain.epochs is not None
+    for e, (mine, theirs) in enumerate(zip(plain.epochs, pack.epochs, strict=False)):
+        if Counter(mine) != Counter(theirs):
+            only_plain = sum((Counter(mine) - Counter(theirs)).values())
+            only_pack = sum((Counter(theirs) - Counter(mine)).values())
+            problems.append(
+                f"epoch {e}: other samples than the plain run "
+                f"({only_plain} only in plain, {only_pack} only under the pack)"
+            )
+        elif stack.map_style and mine != theirs:
+            problems.append(
+                f"epoch {e}: another order than the plain run at "
+                + (_first_difference(mine, theirs))
+            )
+    if stack.map_style and not problems and pack.weights != plain.weights:
+        problems.append("the same samples in the same order, but other final weights")
+    if pack.job_lines != plain.job_lines:
+        problems.append(
+            "the job printed other lines:\n  plain: "
+            + "\n         ".join(plain.job_lines)
+            + "\n  pack:  "
+            + "\n         ".join(pack.job_lines)
+        )
+    return problems
+
+
+def check_invisible(
+    stack_name: str, setting: Setting, mode: str, data_root: Path, tmp_path: Path
+) -> None:
+    stack = STACKS[stack_name]
+    missing = stack.missing()
+    if missing is not None:
+        pytest.skip(f"the {stack_name} stack needs `{missing}`, which is not installed")
+    plain = _plain(stack, setting, data_root)
+    pack = _run(stack, setting, mode, data_root, tmp_path / mode)
+    print(
+        f"{stack_name} {setting.id}: plain {plain.seconds:.1f} s, {mode} {pack.seconds:.1f} s; "
+        f"training_step calls outside the fit's steps: {pack.other_training_step_calls}"
+    )
+    problems = compare(stack, plain, pack)
+    where = f"(the runs' output: {plain.run}/std*.txt and {pack.run}/std*.txt)"
+    assert not problems, "\n- ".join(
+        [f"`{mode}` changed the {stack_name} job ({setting.id}):", *problems, where]
+    )
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("invisible")
+
+
+def _grid() -> list[tuple[str, Setting, str]]:
+    cases = []
+    for stack in STACKS.values():
+        settings = [W0, W2, W2P] + ([W2_SPAWN] if stack.spawn else [])
+        if stack.name == "tensor":
+            settings.append(W2P_L)
+        cases += [(stack.name, setting, mode) for setting in settings for mode in MODES]
+    return cases
+
+
+def _ids(case: tuple[str, Setting, str]) -> str:
+    stack, setting, mode = case
+    return f"{stack}-{setting.id}-{mode}"
+
+
+GRID = _grid()
+FAST = [
+    ("tensor", W2P, "deep"),
+    ("cached_map", W2P, "deep"),
+    ("stream_cached", W2P, "deep"),
+    ("wds_cached", W2P, "deep"),
+    ("litdata", W2, "deep"),
+    ("mosaic", W2, "deep"),
+    ("mosaic", W2P, "deep"),  # where MosaicML's shared memory met the side probe's workers
+]
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 120)
+@pytest.mark.parametrize("case", FAST, ids=_ids)
+def test_invisible(case: tuple[str, Setting, str], data_root: Path, tmp_path: Path) -> None:
+    check_invisible(*case, data_root=data_root, tmp_path=tmp_path)
+
+
+@pytest.mark.grid
+@pytest.mark.timeout(2 * TIMEOUT + 120)
+@pytest.mark.parametrize("case", GRID, ids=_ids)
+def test_invisible_grid(
+    case: tuple[str, Setting, str], data_root: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if not re.search(r"\bgrid\b", request.config.option.markexpr or ""):
+        pytest.skip("the full grid runs only when asked: pytest -m grid")
+    check_invisible(*case, data_root=data_root, tmp_path=tmp_path)
+
+
+def test_grid_covers_every_stack_setting_and_mode() -> None:
+    assert set(FAST) <= set(GRID)
+    assert {stack for stack, _, _ in GRID} == set(STACKS)
+    assert {mode for _, _, mode in GRID} == set(MODES) == {"doctor", "deep", "profiler"}
+    for stack in STACKS:
+        assert {s for name, s, _ in GRID if name == stack} >= {W0, W2, W2P}
+    assert {name for name, s, _ in GRID if s.spawn} == {"tensor", "cached_map"}
