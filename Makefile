@@ -16,7 +16,7 @@ DEMO_OUT ?= demo-output
 PL_ONLY_VENV ?= .venv-pl-only
 PL_ONLY_STAMP := $(PL_ONLY_VENV)/.speedpack-installed
 
-.PHONY: setup test lint typecheck pytest test-one-namespace demo bench clean
+.PHONY: setup test test-grid lint typecheck pytest test-one-namespace demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,11 @@ test-one-namespace: $(PL_ONLY_STAMP)
 	$(PL_ONLY_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_one_namespace.py tests/test_contract.py
 
 test: lint typecheck pytest test-one-namespace
+
+# The full "invisible to the job" grid (stacks x workers x pack modes, ~20 min); CI runs it after
+# `make test`, which runs its fast subset.
+test-grid: setup
+	$(BIN)/python -m pytest -p no:cacheprovider -m grid tests/test_invisible.py
 
 demo: setup
 	$(BIN)/python examples/demo.py --out $(DEMO_OUT)
