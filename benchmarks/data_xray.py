@@ -21,8 +21,8 @@ from benchmarks._common import (
     paired_ratio,
     print_table,
 )
-from lightning_speedpack.data.profiler import DataPipelineProfiler
-from lightning_speedpack.data.stages import stage
+from lightning_speedpack.core.stages import stage
+from lightning_speedpack.data_xray.profiler import DataPipelineProfiler
 
 
 class WorkerCNN(SmallCNN):

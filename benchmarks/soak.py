@@ -43,7 +43,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lightning_speedpack.data import reclaim  # noqa: E402
+from lightning_speedpack.cache import reclaim  # noqa: E402
 from tests.helpers.procs import (  # noqa: E402 (the repo root goes on sys.path first)
     ProcessTimeout,
     describe,

@@ -41,15 +41,9 @@ from lightning_speedpack.strategies import registration as _registration
 if TYPE_CHECKING:
     from lightning_speedpack.advisor import AdvisorFinding, DeviceInfo, SpeedAdvisor
     from lightning_speedpack.batch_size import BatchSizeTuner, BatchSizeTuningError
+    from lightning_speedpack.cache import CacheBudgetWarning, CachedDataset, CachedStream, CacheInfo
     from lightning_speedpack.core.findings import Finding
-    from lightning_speedpack.data import (
-        CacheBudgetWarning,
-        CachedDataset,
-        CachedStream,
-        CacheInfo,
-        DataPipelineProfiler,
-        stage,
-    )
+    from lightning_speedpack.data_xray import DataPipelineProfiler, stage
     from lightning_speedpack.retention import (
         LossRetentionDetector,
         RetainedGraph,
@@ -66,11 +60,11 @@ _ROOMS = {
     "AdvisorFinding": "advisor",
     "BatchSizeTuner": "batch_size",
     "BatchSizeTuningError": "batch_size",
-    "CacheBudgetWarning": "data",
-    "CacheInfo": "data",
-    "CachedDataset": "data",
-    "CachedStream": "data",
-    "DataPipelineProfiler": "data",
+    "CacheBudgetWarning": "cache",
+    "CacheInfo": "cache",
+    "CachedDataset": "cache",
+    "CachedStream": "cache",
+    "DataPipelineProfiler": "data_xray",
     "DDPSpeedpackStrategy": "strategies",
     "DeviceInfo": "advisor",
     "Finding": "core.findings",
@@ -84,7 +78,7 @@ _ROOMS = {
     "SyncPointError": "sync_points",
     "SyncPointWarnings": "sync_points",
     "ThroughputLogger": "throughput",
-    "stage": "data",
+    "stage": "data_xray",
 }
 
 __all__ = [

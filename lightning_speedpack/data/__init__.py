@@ -1,8 +1,10 @@
-"""The data tool: CachedDataset (decode once, one shared copy per node) and the data X-ray.
+"""The data tools under one name: the cache and the data X-ray, each in its own room.
 
-Names load on first use (PEP 562), so ``speedpack cache`` and :func:`node_id` import no torch,
-and the cache and :func:`stage` (what a spawned DataLoader worker unpickles) import torch but
-not Lightning; only :class:`DataPipelineProfiler`, a callback, imports Lightning.
+:mod:`lightning_speedpack.cache` and :mod:`lightning_speedpack.data_xray` hold them.
+
+``from lightning_speedpack.data import CachedDataset`` keeps working. Names load on first use
+(PEP 562): :func:`node_id` imports no torch, the cache and :func:`stage` import torch but not
+Lightning; only :class:`DataPipelineProfiler`, a callback, imports Lightning.
 """
 
 from __future__ import annotations
@@ -11,15 +13,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lightning_speedpack.data.cached_dataset import (
+    from lightning_speedpack.cache.cached_dataset import (
         CacheBudgetWarning,
         CachedDataset,
         CacheInfo,
     )
-    from lightning_speedpack.data.node import node_id
-    from lightning_speedpack.data.profiler import DataPipelineProfiler
-    from lightning_speedpack.data.stages import stage
-    from lightning_speedpack.data.stream import CachedStream
+    from lightning_speedpack.cache.node import node_id
+    from lightning_speedpack.cache.stream import CachedStream
+    from lightning_speedpack.core.stages import stage
+    from lightning_speedpack.data_xray.profiler import DataPipelineProfiler
 
 __all__ = [
     "CacheBudgetWarning",
@@ -32,19 +34,19 @@ __all__ = [
 ]
 
 _WHERE = {
-    "CacheBudgetWarning": "cached_dataset",
-    "CacheInfo": "cached_dataset",
-    "CachedDataset": "cached_dataset",
-    "CachedStream": "stream",
-    "DataPipelineProfiler": "profiler",
-    "node_id": "node",
-    "stage": "stages",
+    "CacheBudgetWarning": "lightning_speedpack.cache.options",
+    "CacheInfo": "lightning_speedpack.cache.options",
+    "CachedDataset": "lightning_speedpack.cache.cached_dataset",
+    "CachedStream": "lightning_speedpack.cache.stream",
+    "DataPipelineProfiler": "lightning_speedpack.data_xray.profiler",
+    "node_id": "lightning_speedpack.cache.node",
+    "stage": "lightning_speedpack.core.stages",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
-        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+        value = getattr(importlib.import_module(_WHERE[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -85,7 +85,7 @@ def _fmt_bytes(n: int) -> str:
 
 def _cache_clean(directory: str | None, dry_run: bool) -> int:
     """``speedpack cache clean``: print one line per arena; 0 unless the directory is unusable."""
-    from lightning_speedpack.data.reclaim import SHM_DIR, scan  # no torch, no Lightning
+    from lightning_speedpack.cache.reclaim import SHM_DIR, scan  # no torch, no Lightning
 
     where = directory or SHM_DIR
     try:

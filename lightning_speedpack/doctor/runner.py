@@ -55,7 +55,7 @@ TOOLS = (
     "lightning_speedpack.batch_size.callback",
     "lightning_speedpack.advisor.callback",
     "lightning_speedpack.timeline.callback",
-    "lightning_speedpack.data.profiler",
+    "lightning_speedpack.data_xray.profiler",
 )
 
 

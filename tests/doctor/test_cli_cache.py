@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_speedpack.data.arena import Arena
+from lightning_speedpack.cache.arena import Arena
 from lightning_speedpack.doctor.cli import _fmt_bytes, main
 
 FP = bytes(range(32))

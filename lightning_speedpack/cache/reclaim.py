@@ -2,7 +2,7 @@
 
 A run killed with ``SIGKILL`` (the OOM killer, a scheduler's time limit, a test's timeout)
 cannot unlink its ``/dev/shm/speedpack-*`` file, and ``/dev/shm`` is RAM. Every process that
-maps an arena holds a lock on it (:mod:`~lightning_speedpack.data.liveness`) which the kernel
+maps an arena holds a lock on it (:mod:`~lightning_speedpack.cache.liveness`) which the kernel
 drops when the process dies, so an arena is *dead* exactly when this process can lock it
 exclusively: a reused pid cannot make a dead arena look used, nor a live one look dead.
 
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from lightning_speedpack.data import liveness
+from lightning_speedpack.cache import liveness
 
 __all__ = ["PREFIX", "SHM_DIR", "ArenaFile", "scan"]
 

@@ -15,7 +15,7 @@ Writes >= 2,000 JPEGs of varied sizes to a temporary folder; ``__getitem__`` dec
 - total PSS for 100k small samples (3x32x32 uint8 + label), 1, 2 and 4 workers, alternating
   the no-cache baseline and the cache round by round (medians).
 
-Run ``.venv/bin/python benchmarks/data.py [--quick] [--only jpeg,stream,small]``.
+Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small]``.
 """
 
 from __future__ import annotations

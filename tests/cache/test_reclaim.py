@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from lightning_speedpack.data import liveness, node_id
-from lightning_speedpack.data.cached_dataset import CachedDataset
-from lightning_speedpack.data.reclaim import scan
-from tests.data.procs import kill_group, python_group, read_line
+from lightning_speedpack.cache import liveness, node_id
+from lightning_speedpack.cache.cached_dataset import CachedDataset
+from lightning_speedpack.cache.reclaim import scan
+from tests.cache.procs import kill_group, python_group, read_line
 
 HOLDER = """
 import multiprocessing as mp, os, pickle, sys, time
 import torch
 from torch.utils.data import TensorDataset
-from lightning_speedpack.data.cached_dataset import CachedDataset
+from lightning_speedpack.cache.cached_dataset import CachedDataset
 
 def hold(blob):
     copy = pickle.loads(blob)  # a spawned worker attaches to the arena

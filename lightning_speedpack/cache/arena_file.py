@@ -12,7 +12,7 @@ payload                 the encoded samples, each at a 64-byte boundary (see ``c
 ======================  =====================================================================
 
 A file is written complete next to its final name and moved into place (``link`` or
-``rename``), holding its liveness locks (:mod:`~lightning_speedpack.data.liveness`) from the
+``rename``), holding its liveness locks (:mod:`~lightning_speedpack.cache.liveness`) from the
 start, so neither a reader nor a reclaimer ever sees half a header.
 
 Fork safety. Each process's :class:`Handle` owns one descriptor and two ``threading.Lock``s;
@@ -36,14 +36,17 @@ from typing import Any
 
 import numpy as np
 
-from lightning_speedpack.data import liveness
-from lightning_speedpack.data.liveness import MAGIC, OWNERS, USERS, VERSION
+from lightning_speedpack.cache import liveness
+from lightning_speedpack.cache.liveness import MAGIC, OWNERS, USERS, VERSION
 
 __all__ = [
+    "EMPTY",
     "HEADER_WORDS",
     "MAX_COUNTERS",
     "MAX_FILLERS",
+    "READY",
     "SLOT_WORDS",
+    "WRITING",
     "ArenaState",
     "Handle",
     "create",
@@ -59,6 +62,8 @@ __all__ = [
 
 HEADER_WORDS = 64
 MAX_COUNTERS = 512
+#: A slot's state word: free, being written (by the writer in the next word), or published.
+EMPTY, READY, WRITING = 0, 1, 2
 MAX_FILLERS = 1024
 SLOT_WORDS = 4
 

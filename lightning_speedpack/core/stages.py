@@ -2,7 +2,7 @@
 
 ``with stage("decode"):`` (or ``@stage("decode")``) marks a stretch of a dataset's
 ``__getitem__``/``__iter__``, a transform or a collate function. While no
-:class:`~lightning_speedpack.data.profiler.DataPipelineProfiler` runs in the process, a stage
+:class:`~lightning_speedpack.data_xray.profiler.DataPipelineProfiler` runs in the process, a stage
 is a no-op costing well under a microsecond (one global read on enter and on exit).
 
 While a profiler runs, each process that loads data (every DataLoader worker, or the main

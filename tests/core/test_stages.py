@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from lightning_speedpack.data import stages
-from lightning_speedpack.data.stages import CounterTable, record_stage, stage
+from lightning_speedpack.core import stages
+from lightning_speedpack.core.stages import CounterTable, record_stage, stage
 
 
 @pytest.fixture(autouse=True)

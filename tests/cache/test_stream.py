@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from lightning_speedpack.data.cached_dataset import CacheBudgetWarning, CachedDataset
-from lightning_speedpack.data.stream import CachedStream
+from lightning_speedpack.cache.cached_dataset import CacheBudgetWarning, CachedDataset
+from lightning_speedpack.cache.stream import CachedStream
 from tests.helpers.ddp import run_ddp
 
 

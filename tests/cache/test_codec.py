@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_speedpack.data.codec import ALIGN, decode, dumps, encode, leaf_views, loads
+from lightning_speedpack.cache.codec import ALIGN, decode, dumps, encode, leaf_views, loads
 from tests.helpers.samples import assert_same
 
 ALL_TORCH_DTYPES = [

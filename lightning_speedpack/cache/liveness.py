@@ -11,7 +11,7 @@ description closes -- at exit, also after ``SIGKILL`` -- so "nobody holds a lock
 These are Linux open-file-description (OFD) byte-range locks (``F_OFD_SETLK``): like ``flock``
 they belong to the open file description, not to the process, so a forked child that keeps an
 inherited descriptor keeps the lock alive too (the arena gives each forked child its own
-description, see :mod:`lightning_speedpack.data.arena`); unlike ``flock`` they do not
+description, see :mod:`lightning_speedpack.cache.arena`); unlike ``flock`` they do not
 interact with the whole-file ``flock`` the arena uses as its short protocol lock, so both live on
 one file and there is no second file to leak. Where OFD locks do not exist (not Linux), classic
 ``fcntl`` record locks are used: correct between processes, but a forked child does not inherit

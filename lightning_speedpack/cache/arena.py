@@ -3,7 +3,7 @@
 The whole cache is a single file, in ``/dev/shm`` (``storage="shared"``) or anywhere on disk
 (``storage="disk"``), mapped ``MAP_SHARED`` by every process that uses it. Everything the
 processes need to agree on lives inside the file, never in per-process Python objects (the
-layout, creation and each process's handle are in :mod:`~lightning_speedpack.data.arena_file`).
+layout, creation and each process's handle are in :mod:`~lightning_speedpack.cache.arena_file`).
 
 Protocol. Every state change happens while holding ``fcntl.flock`` on the file (each process
 opens its own descriptor, so the lock also separates a parent from its forked children):
@@ -15,7 +15,7 @@ map-style cache has one slot per dataset index (:meth:`Arena.put`); a stream cac
 the next free slot (:meth:`Arena.append`) and keeps, per shard of the stream, how far it is
 stored and whether it is done, so the cache knows when the first pass is complete.
 
-Liveness (see :mod:`~lightning_speedpack.data.liveness`) never trusts a pid: every process
+Liveness (see :mod:`~lightning_speedpack.cache.liveness`) never trusts a pid: every process
 that maps the file holds a shared lock on its "users" byte, owners one on its "owners" byte,
 and the process that claimed counter row ``r`` an exclusive lock on that row's byte. A slot's
 writer is ``(r, generation of r at the claim)``; the writer is alive exactly while row ``r``
@@ -30,7 +30,7 @@ workers attach as users only, and a forked child gets its own descriptor at the 
 lock, no owner lock, a fresh counter row when it first counts). When the last owner closes
 (explicitly, at interpreter exit, or when the object is collected) a shared file is unlinked; a
 disk file stays. A shared file nobody holds (a killed run) is removed by the next
-``CachedDataset`` built on the node (:mod:`~lightning_speedpack.data.reclaim`), or replaced
+``CachedDataset`` built on the node (:mod:`~lightning_speedpack.cache.reclaim`), or replaced
 when opened, never reused; a disk file is reused when its fingerprint matches and rebuilt
 otherwise. Replacement writes a complete new file and ``rename``s it into place, so a process
 still mapping the old one is unaffected.
@@ -52,13 +52,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lightning_speedpack.data import liveness
-from lightning_speedpack.data.arena_file import (
+from lightning_speedpack.cache import liveness
+from lightning_speedpack.cache.arena_file import (
     _CAPACITY,
-    _COMPLETE,
     _EXHAUSTED,
-    _FILL_EXPECTED,
-    _FILL_WORKERS,
     _KIND,
     _NEXT,
     _NONCE,
@@ -67,10 +64,13 @@ from lightning_speedpack.data.arena_file import (
     _RETIRED_HITS,
     _RETIRED_MISSES,
     _USED,
+    EMPTY,
     HEADER_WORDS,
     MAX_COUNTERS,
     MAX_FILLERS,
+    READY,
     SLOT_WORDS,
+    WRITING,
     ArenaState,
     Handle,
     create,
@@ -83,7 +83,7 @@ from lightning_speedpack.data.arena_file import (
     same_file,
     usable,
 )
-from lightning_speedpack.data.codec import (
+from lightning_speedpack.cache.codec import (
     _LEN,
     ALIGN,
     Decoder,
@@ -95,8 +95,9 @@ from lightning_speedpack.data.codec import (
     leaf_views,
     plan_of,
 )
-from lightning_speedpack.data.codec import _PARSED as _PLANS
-from lightning_speedpack.data.liveness import OWNERS, ROWS, USERS
+from lightning_speedpack.cache.codec import _PARSED as _PLANS
+from lightning_speedpack.cache.liveness import OWNERS, ROWS, USERS
+from lightning_speedpack.cache.stream_fill import StreamFill
 
 __all__ = [
     "EMPTY",
@@ -112,7 +113,6 @@ __all__ = [
 RESERVE_CHUNK = 16 << 20
 _ROW_BITS = 16  # writer word: (generation << 16) | (row + 1); 0 means "no live writer"
 
-EMPTY, READY, WRITING = 0, 1, 2
 # Decoders kept per arena and process: samples differing only in a scalar (a label stored in
 # the structure text) each have one; past this many, the rest are decoded one at a time.
 _MAX_DECODERS = 4096  # < 2**15: a decoder number fits the per-slot int16
@@ -129,7 +129,7 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-class Arena:
+class Arena(StreamFill):
     """The shared cache file of one dataset: see the module docstring for the protocol.
 
     Use ``Arena.open`` in the process that owns the dataset and ``Arena.attach`` to re-open
@@ -298,7 +298,7 @@ class Arena:
         - ``"each"``: each sample decoded on its own (its own fresh tensors).
         - ``"together"``: samples whose tensors lie alike are decoded together, each tensor
           leaf copied into one fresh tensor for the batch whose rows the samples get (see
-          :class:`~lightning_speedpack.data.codec.Decoder`).
+          :class:`~lightning_speedpack.cache.codec.Decoder`).
         - ``"views"``: as ``"together"``, but each tensor is a view into the arena itself,
           nothing copied -- only for a caller that copies them before anyone can see them
           (a write into a view would change the cache for every process).
@@ -540,66 +540,6 @@ class Arena:
         with self._locked():
             slot[0] = READY
         return "stored", index
-
-    def join_fill(self, filler: int, expected: int, workers: int) -> bool:
-        """Take part in filling as shard ``filler`` of ``expected`` (``workers`` per rank).
-
-        The first caller fixes the configuration; returns False for a caller with another
-        one (it must not fill: its shards would not match).
-        """
-        with self._locked():
-            words = self._words
-            if words[_FILL_EXPECTED] == 0:
-                words[_FILL_EXPECTED], words[_FILL_WORKERS] = expected, workers
-            same = (int(words[_FILL_EXPECTED]), int(words[_FILL_WORKERS])) == (expected, workers)
-            return same and 0 <= filler < min(expected, MAX_FILLERS)
-
-    def fill_position(self, filler: int) -> int:
-        """How many items of shard ``filler`` are stored (or were passed over by the budget)."""
-        return int(self._fillers[filler, 0])
-
-    def set_fill_position(self, filler: int, position: int) -> None:
-        """Record progress of shard ``filler`` (only its own filler writes it)."""
-        self._fillers[filler, 0] = position
-
-    def fill_done(self, filler: int) -> int:
-        """0 while shard ``filler`` is being filled, 1 when complete, 2 when the budget cut it."""
-        return int(self._fillers[filler, 1])
-
-    def finish_fill(self, filler: int, *, cut: bool) -> None:
-        """Mark shard ``filler`` done; the cache is complete when every expected shard is."""
-        with self._locked():
-            self._fillers[filler, 1] = 2 if cut else 1
-            expected = int(self._words[_FILL_EXPECTED])
-            if expected and np.all(self._fillers[: min(expected, MAX_FILLERS), 1] != 0):
-                self._words[_COMPLETE] = 1
-
-    def fill_config(self) -> tuple[int, int]:
-        """The filling configuration: (expected shards, workers per rank); (0, 0) before."""
-        return int(self._words[_FILL_EXPECTED]), int(self._words[_FILL_WORKERS])
-
-    @property
-    def complete(self) -> bool:
-        """Whether every shard of the first pass is stored (a stream cache)."""
-        return bool(self._words[_COMPLETE])
-
-    @property
-    def cut(self) -> bool:
-        """Whether the budget cut some shard (its tail is only in the source)."""
-        expected = min(int(self._words[_FILL_EXPECTED]), MAX_FILLERS)
-        return bool(np.any(self._fillers[:expected, 1] == 2))
-
-    def next_pass(self, consumer: int) -> int:
-        """The number of passes ``consumer`` started before this one (the epoch it serves)."""
-        with self._locked():
-            row = self._fillers[consumer % MAX_FILLERS]
-            passes = int(row[2])
-            row[2] = passes + 1
-            return passes
-
-    def ready_items(self) -> np.ndarray[Any, Any]:
-        """The published slots of a stream cache, in the order they were appended."""
-        return np.flatnonzero(self._slots[: int(self._words[_NEXT]), 0] == READY)
 
     # -------------------------------------------------------------------------- counting
     def count(self, *, hit: bool, n: int = 1) -> None:

@@ -9,6 +9,7 @@ import torch
 from typing_extensions import override
 
 from lightning_speedpack.core import events
+from lightning_speedpack.core import stages as _stages
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import (
     Callback,
@@ -20,11 +21,10 @@ from lightning_speedpack.core.lightning import (
 from lightning_speedpack.core.locations import user_code_location
 from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
-from lightning_speedpack.data import stages as _stages
-from lightning_speedpack.data.ceilings import Verdict, loader_ceiling, verdict
-from lightning_speedpack.data.instrument import LoaderProbe
-from lightning_speedpack.data.pipeline import PipelineTotals, delta, format_stage_table
-from lightning_speedpack.data.stages import RowSnapshot
+from lightning_speedpack.core.stages import RowSnapshot
+from lightning_speedpack.data_xray.ceilings import Verdict, loader_ceiling, verdict
+from lightning_speedpack.data_xray.instrument import LoaderProbe
+from lightning_speedpack.data_xray.pipeline import PipelineTotals, delta, format_stage_table
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -40,7 +40,7 @@ class DataPipelineProfiler(Callback):
     Use it when steps wait for data (``throughput/data_wait_fraction`` is high) to learn where
     a sample's time goes -- the dataset's fetch (``__getitem__``/``__getitems__``, or
     ``__next__`` of a stream), the ``collate_fn``, the worker-to-main queue, any named
-    :func:`~lightning_speedpack.data.stages.stage` -- and whether more workers, a cache or a
+    :func:`~lightning_speedpack.core.stages.stage` -- and whether more workers, a cache or a
     faster model is the fix. No edit to the dataset is needed: the training DataLoader is
     given thin timing proxies when Lightning sets it up (its collate function and
     ``worker_init_fn`` are wrapped; each worker times its own copy of the dataset) and gets its

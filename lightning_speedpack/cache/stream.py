@@ -17,19 +17,19 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lightning_speedpack.data.arena import MISSING, Arena
-from lightning_speedpack.data.arena_file import MAX_FILLERS
-from lightning_speedpack.data.cached_dataset import (
+from lightning_speedpack.cache.arena import MISSING, Arena
+from lightning_speedpack.cache.arena_file import MAX_FILLERS
+from lightning_speedpack.cache.codec import encode
+from lightning_speedpack.cache.handle import ArenaHandle
+from lightning_speedpack.cache.options import (
     TRANSFORM_STAGE,
     CacheBudgetWarning,
-    CacheInfo,
-    _fingerprint,
     budget_warning,
     check_options,
+    dataset_fingerprint,
     open_arena,
 )
-from lightning_speedpack.data.codec import encode
-from lightning_speedpack.data.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, stage
+from lightning_speedpack.core.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, stage
 
 __all__ = ["DEFAULT_MAX_ITEMS", "CachedStream", "local_topology"]
 
@@ -60,7 +60,7 @@ def local_topology(snapshot: tuple[int, int] | None = None) -> tuple[int, int]:
     return local_rank, max(local_world, 1)
 
 
-class CachedStream(IterableDataset[Any]):
+class CachedStream(ArenaHandle, IterableDataset[Any]):
     """Cache a stream's samples on its first pass, one copy per node; serve later passes from RAM.
 
     The data-loading guide's own pattern: a WebDataset-style stream (an ``IterableDataset``)
@@ -181,9 +181,12 @@ class CachedStream(IterableDataset[Any]):
         self.wait_timeout = float(wait_timeout)
         self._topology: tuple[int, int] | None = None
         self._warned = False
-        fingerprint = _fingerprint(stream, self.max_items, key)
         self._arena: Arena | None = open_arena(
-            fingerprint, n_slots=self.max_items, max_bytes=max_bytes, storage=storage, path=path
+            dataset_fingerprint(stream, self.max_items, key),
+            n_slots=self.max_items,
+            max_bytes=max_bytes,
+            storage=storage,
+            path=path,
         )
 
     # ------------------------------------------------------------------------- iteration
@@ -329,64 +332,16 @@ class CachedStream(IterableDataset[Any]):
             warnings.warn(f"CachedStream: {why}", CacheBudgetWarning, stacklevel=3)
 
     # --------------------------------------------------------------------------- the rest
-    def cache_info(self) -> CacheInfo:
-        """Hits (items served from the cache), misses (items read from the source), items..."""
-        if self._arena is None or self._arena.closed:
-            return CacheInfo(0, 0, 0, 0, 0, False)
-        stats = self._arena.stats()
-        return CacheInfo(
-            hits=stats["hits"],
-            misses=stats["misses"],
-            items=stats["items"],
-            bytes_used=stats["bytes_used"],
-            capacity_bytes=stats["capacity_bytes"],
-            budget_exhausted=bool(stats["budget_exhausted"]),
-        )
-
     @property
     def complete(self) -> bool:
         """Whether the first pass stored every shard (later passes never call the source)."""
         return self._arena is not None and not self._arena.closed and self._arena.complete
 
-    @property
-    def cache_path(self) -> str | None:
-        """The file that holds the arena (in ``/dev/shm`` for shared storage)."""
-        return None if self._arena is None else self._arena.path
-
-    def close(self) -> None:
-        """Release the arena now (it is also released at exit); later passes stream uncached."""
-        if self._arena is not None:
-            self._arena.close()
-            self._arena = None
-
-    def __enter__(self) -> CachedStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        arena = state.pop("_arena")
-        state["_arena_state"] = None if arena is None or arena.closed else arena.state()
+        state = super().__getstate__()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             state["_topology"] = (torch.distributed.get_rank(), torch.distributed.get_world_size())
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        arena_state = state.pop("_arena_state")
-        self.__dict__.update(state)
-        self._arena = None
-        if arena_state is not None:
-            try:
-                self._arena = Arena.attach(arena_state)
-            except FileNotFoundError as err:
-                warnings.warn(
-                    f"CachedStream could not re-attach its cache ({err}); items pass through "
-                    "uncached in this process",
-                    CacheBudgetWarning,
-                    stacklevel=2,
-                )
 
     def __repr__(self) -> str:
         info = self.cache_info()

@@ -18,15 +18,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
 
-from lightning_speedpack.data import cached_dataset as cd_module
-from lightning_speedpack.data.cached_dataset import (
-    CacheBudgetWarning,
-    CachedDataset,
-    CacheInfo,
-    job_id,
-)
-from tests.data.procs import kill_group, read_line
-from tests.data.test_codec import assert_same
+from lightning_speedpack.cache import cached_dataset as cd_module
+from lightning_speedpack.cache import options as opts
+from lightning_speedpack.cache.cached_dataset import CacheBudgetWarning, CachedDataset, CacheInfo
+from lightning_speedpack.cache.options import job_id
+from tests.cache.procs import kill_group, read_line
+from tests.cache.test_codec import assert_same
 from tests.helpers.ddp import run_ddp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,7 +217,7 @@ def test_unsupported_sample_names_type_and_index() -> None:
 
 
 def test_a_stream_gets_a_cached_stream() -> None:
-    from lightning_speedpack.data.stream import CachedStream
+    from lightning_speedpack.cache.stream import CachedStream
 
     class Stream(IterableDataset[int]):
         def __iter__(self) -> Any:
@@ -258,8 +255,8 @@ def test_arguments_are_validated(kwargs: dict[str, Any], error: type, match: str
 
 
 def test_small_dev_shm_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    usage = cd_module.shutil.disk_usage("/dev/shm")
-    monkeypatch.setattr(cd_module.shutil, "disk_usage", lambda p: usage._replace(free=64_000_000))
+    usage = opts.shutil.disk_usage("/dev/shm")
+    monkeypatch.setattr(opts.shutil, "disk_usage", lambda p: usage._replace(free=64_000_000))
     with pytest.raises(RuntimeError, match=r"only 61\.0 MiB free in /dev/shm.*--shm-size"):
         CachedDataset(Decoded(3))
 
@@ -269,7 +266,7 @@ def test_default_budget_is_a_fraction_of_free_shm_and_ram() -> None:
 
     with CachedDataset(Decoded(3)) as cached:
         capacity = cached.cache_info().capacity_bytes
-    limit = min(cd_module.shutil.disk_usage("/dev/shm").free, psutil.virtual_memory().available)
+    limit = min(opts.shutil.disk_usage("/dev/shm").free, psutil.virtual_memory().available)
     assert 0 < capacity <= limit * 0.5 * 1.05
 
 
@@ -306,8 +303,8 @@ def test_lightning_launched_rank_finds_the_cache_its_parent_made(
         textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from tests.data.test_cached_dataset import Decoded
-        from lightning_speedpack.data.cached_dataset import CachedDataset
+        from tests.cache.test_cached_dataset import Decoded
+        from lightning_speedpack.cache.cached_dataset import CachedDataset
         c = CachedDataset(Decoded(6), max_bytes=1 << 20, key={key!r})
         print(c.cache_path, c.cache_info().items)
         c.close()
@@ -346,8 +343,8 @@ import os, signal, sys, time
 sys.path.insert(0, {repo!r})
 import torch
 from torch.utils.data import DataLoader, get_worker_info
-from tests.data.test_cached_dataset import Decoded
-from lightning_speedpack.data.cached_dataset import CachedDataset
+from tests.cache.test_cached_dataset import Decoded
+from lightning_speedpack.cache.cached_dataset import CachedDataset
 
 mode = sys.argv[1]
 
@@ -502,7 +499,7 @@ def test_batched_fetch_matches_single_fetch_and_counts() -> None:
 
 
 def test_stages_are_reported_automatically() -> None:
-    from lightning_speedpack.data import stages
+    from lightning_speedpack.core import stages
 
     table = stages.CounterTable(rows=1)
     stages.activate(table, row=0)
@@ -524,8 +521,8 @@ def test_stages_are_reported_automatically() -> None:
 def test_a_batched_cache_read_does_not_count_the_decoding_of_its_misses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from lightning_speedpack.data import cached_dataset as module
-    from lightning_speedpack.data import stages
+    from lightning_speedpack.cache import cached_dataset as module
+    from lightning_speedpack.core import stages
 
     clock = [0.0]
     monkeypatch.setattr(module, "perf_counter", lambda: clock[0])
@@ -609,8 +606,8 @@ def scaling_collate(batch: list[Any]) -> Any:
 def test_a_collate_that_modifies_samples_in_place_leaves_the_cache_intact(
     workers: int, profiled: bool
 ) -> None:
-    from lightning_speedpack.data import stages
-    from lightning_speedpack.data.instrument import LoaderProbe
+    from lightning_speedpack.core import stages
+    from lightning_speedpack.data_xray.instrument import LoaderProbe
 
     expected = _expected_batches(4, scale=2)
     with CachedDataset(Alike(), max_bytes=1 << 20) as cached:
@@ -642,9 +639,9 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
 ) -> None:
     """The fast path (views into the cache, stacked by default_collate) is taken under torch's
     own DataLoader, also while profiled; anything else gets samples of its own."""
-    from lightning_speedpack.data import stages
-    from lightning_speedpack.data.arena import Arena
-    from lightning_speedpack.data.instrument import LoaderProbe, TimedCollate
+    from lightning_speedpack.cache.arena import Arena
+    from lightning_speedpack.core import stages
+    from lightning_speedpack.data_xray.instrument import LoaderProbe, TimedCollate
 
     hows: list[str] = []
     original = Arena.get_many

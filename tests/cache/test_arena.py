@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_speedpack.data import arena as _arena
-from lightning_speedpack.data.arena import MISSING, READY, WRITING, Arena
-from lightning_speedpack.data.codec import encode
+from lightning_speedpack.cache import arena as _arena
+from lightning_speedpack.cache.arena import MISSING, READY, WRITING, Arena
+from lightning_speedpack.cache.codec import encode
 from tests.helpers.samples import assert_same
 
 FP = bytes(range(32))

@@ -12,10 +12,10 @@ import torch
 from pytorch_lightning import Callback, Trainer
 from pytorch_lightning.loggers import Logger
 
+from lightning_speedpack.core import stages
 from lightning_speedpack.core.registry import registered_diagnostics
-from lightning_speedpack.data import stages
-from lightning_speedpack.data.profiler import DataPipelineProfiler
-from tests.data import pipeline_models as pm
+from lightning_speedpack.data_xray.profiler import DataPipelineProfiler
+from tests.data_xray import pipeline_models as pm
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
 

@@ -15,7 +15,7 @@ import torch
 from pytorch_lightning import LightningModule
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from lightning_speedpack.data.stages import stage
+from lightning_speedpack.core.stages import stage
 
 FETCH, FETCH_N, STAGE, STAGE_N, COLLATE, COLLATE_N = range(6)
 FETCH_SLEEP, STAGE_SLEEP, COLLATE_SLEEP = 0.006, 0.008, 0.02

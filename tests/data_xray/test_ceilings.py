@@ -11,8 +11,8 @@ import torch
 from pytorch_lightning import Callback, Trainer
 
 from lightning_speedpack.core.trials import time_training_steps
-from lightning_speedpack.data.ceilings import loader_ceiling, verdict
-from tests.data import pipeline_models as pm
+from lightning_speedpack.data_xray.ceilings import loader_ceiling, verdict
+from tests.data_xray import pipeline_models as pm
 from tests.helpers.models import quiet_trainer_kwargs
 
 TOLERANCE = 0.15

@@ -1,6 +1,6 @@
 """The maths of the data-pipeline profile: counter-table reads turned into per-stage figures.
 
-The main process reads the shared table (:class:`~lightning_speedpack.data.stages.
+The main process reads the shared table (:class:`~lightning_speedpack.core.stages.
 CounterTable`) now and then; :func:`delta` turns two reads into what happened in between
 (a row whose process changed -- a new worker pool -- counts from zero), and
 :class:`PipelineTotals` sums such windows into the figures the profiler logs and reports.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lightning_speedpack.data.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, RowSnapshot
+from lightning_speedpack.core.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, RowSnapshot
 
 __all__ = ["PipelineTotals", "RowDelta", "delta", "format_stage_table"]
 
@@ -43,7 +43,7 @@ def delta(
     """Per row of ``live`` (and any other row that did work): the work between two reads.
 
     Example:
-        >>> from lightning_speedpack.data.stages import RowSnapshot
+        >>> from lightning_speedpack.core.stages import RowSnapshot
         >>> a = RowSnapshot(1.0, 7, 0.5, 10.0, 0.1, 1.0, False, {"decode": (0.25, 10.0)}, [])
         >>> b = RowSnapshot(1.0, 7, 1.5, 30.0, 0.3, 3.0, False, {"decode": (0.75, 30.0)}, [])
         >>> d = delta([a], [b], 2.0, 4.0, live=[0])[0]
