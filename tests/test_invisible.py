@@ -11,6 +11,13 @@ the job adds itself), and the two runs must agree on:
   exactly once, the same multiset as the plain run and, for map-style stacks (a shuffled
   sampler), the same order -- and then the same final weights, bit for bit.
 
+A few settings train on two DDP ranks (``strategy="ddp"`` on CPUs, 2 workers per rank): a stream
+in ``CachedStream`` (over a stream that splits itself by rank and worker, and over WebDataset
+shards split by node and worker) and, as a control, a map-style ``TensorDataset`` (Lightning puts
+a ``DistributedSampler`` in). There each epoch's union over the ranks must hold each sample
+exactly once, the pack's union the same multiset as the plain run's and, for the map-style
+control, each rank the same samples in the same order as in the plain run.
+
 The stacks and their data are in ``tests/helpers/stacks.py``. The plain run of a (stack,
 workers) setting runs once per session and is itself checked: every epoch holds each sample
 exactly once, or the harness (not the pack) is wrong.
@@ -18,11 +25,11 @@ exactly once, or the harness (not the pack) is wrong.
 The default run is a fast subset; the full grid is marked ``grid`` and runs only when ``-m``
 names it (otherwise its cases are skipped, so a plain ``pytest`` stays fast)::
 
-    pytest tests/test_invisible.py                    # the fast subset (~1.5 min)
-    pytest tests/test_invisible.py -m grid            # the full grid (~17 min on 2 cores)
+    pytest tests/test_invisible.py                    # the fast subset (~2 min)
+    pytest tests/test_invisible.py -m grid            # the full grid (~20 min on 2 cores)
 
-Each run keeps its ``ids.json``, ``stdout.txt`` and ``stderr.txt`` in its directory (named in a
-failure's message).
+Each run keeps its ``ids.json`` (under DDP also each rank's ``ids.rank<r>.json``),
+``stdout.txt`` and ``stderr.txt`` in its directory (named in a failure's message).
 """
 
 from __future__ import annotations
@@ -53,22 +60,33 @@ from tests.helpers.stacks import (
 
 #: Seconds one job (or one data build) may take before it is killed with every stack dumped.
 TIMEOUT = 240
+#: The same for a DDP job: Lightning relaunches the script for rank 1 and the ranks meet over
+#: gloo (~8 s of start-up on an idle machine, several times that on a loaded one).
+DDP_TIMEOUT = 480
+#: A test case runs the plain job (once per session) and the job under the pack.
+CASE_TIMEOUT = 2 * DDP_TIMEOUT + 120
 EPOCHS = 2
 
 
 @dataclass(frozen=True)
 class Setting:
-    """The DataLoader workers (and the Lightning namespace) of one run."""
+    """The DataLoader workers (per rank), the Lightning namespace and the DDP ranks of one run."""
 
     workers: int
     persistent: bool = False
     spawn: bool = False
     namespace: str = "pytorch_lightning"
+    devices: int = 1  # > 1: strategy="ddp" on that many CPU processes
 
     @property
     def id(self) -> str:
         text = f"w{self.workers}" + ("p" if self.persistent else "") + ("-spawn" * self.spawn)
-        return text + ("-L" if self.namespace == "lightning" else "")
+        text += "-L" if self.namespace == "lightning" else ""
+        return text + (f"-ddp{self.devices}" if self.devices > 1 else "")
+
+    @property
+    def timeout(self) -> float:
+        return DDP_TIMEOUT if self.devices > 1 else TIMEOUT
 
 
 W0 = Setting(0)
@@ -76,6 +94,12 @@ W2 = Setting(2)
 W2P = Setting(2, persistent=True)
 W2_SPAWN = Setting(2, spawn=True)
 W2P_L = Setting(2, persistent=True, namespace="lightning")
+W2_DDP = Setting(2, devices=2)
+#: The stacks and modes run on two DDP ranks: streams in ``CachedStream`` (its first pass
+#: streams each (rank, worker) its own shard, later passes split the cache across ranks and
+#: workers) and a map-style control with Lightning's ``DistributedSampler``.
+DDP_STACKS = ("stream_cached", "wds_cached", "tensor")
+DDP_MODES = ("deep", "doctor")
 
 
 @dataclass
@@ -88,7 +112,8 @@ class JobRun:
     stdout: str
     stderr: str
     seconds: float
-    epochs: list[list[int]] | None  # None: the job wrote no ids file
+    epochs: list[list[int]] | None  # None: the job wrote no ids file; DDP: the union over ranks
+    ranks: list[list[list[int]]] | None  # DDP: each rank's own epochs; else None
     weights: str | None
     other_training_step_calls: int | None
 
@@ -172,10 +197,11 @@ def _run(stack: Stack, setting: Setting, mode: str, data_root: Path, run: Path) 
         spawn=setting.spawn,
         epochs=EPOCHS,
         namespace=setting.namespace,
+        devices=setting.devices,
     )
     command = plain_command(args) if mode == "plain" else pack_command(mode, args)
     start = time.perf_counter()
-    proc = run_in_session(command, timeout=TIMEOUT, env=_env(stack, run), cwd=run)
+    proc = run_in_session(command, timeout=setting.timeout, env=_env(stack, run), cwd=run)
     seconds = time.perf_counter() - start
     (run / "stdout.txt").write_text(proc.stdout)  # kept for a look after a failure
     (run / "stderr.txt").write_text(proc.stderr)
@@ -189,6 +215,7 @@ def _run(stack: Stack, setting: Setting, mode: str, data_root: Path, run: Path) 
         stderr=proc.stderr,
         seconds=seconds,
         epochs=found.get("epochs"),
+        ranks=found.get("ranks"),
         weights=found.get("weights_sha256"),
         other_training_step_calls=found.get("other_training_step_calls"),
     )
@@ -214,6 +241,25 @@ def _epoch_problems(epochs: list[list[int]]) -> list[str]:
     return problems
 
 
+def _rank_problems(run: JobRun, setting: Setting) -> list[str]:
+    """What is wrong with the per-rank record of a DDP run: every rank recorded every epoch,
+    some samples in each, and ``epochs`` is their union (rank 0's ids, then rank 1's)."""
+    if setting.devices == 1:
+        return []
+    if run.ranks is None or len(run.ranks) != setting.devices:
+        got = None if run.ranks is None else len(run.ranks)
+        return [f"the job recorded {got} ranks, expected {setting.devices}"]
+    problems = []
+    for r, epochs in enumerate(run.ranks):
+        if len(epochs) != EPOCHS:
+            problems.append(f"rank {r}: {len(epochs)} epochs recorded, expected {EPOCHS}")
+        problems += [f"rank {r}, epoch {e}: no samples" for e, ids in enumerate(epochs) if not ids]
+    union = [[i for epochs in run.ranks for i in epochs[e]] for e in range(EPOCHS)]
+    if not problems and run.epochs != union:
+        problems.append("the job's `epochs` is not the union of its ranks' (a harness problem)")
+    return problems
+
+
 def _plain(stack: Stack, setting: Setting, data_root: Path) -> JobRun:
     """The plain run of (stack, setting): run once per session, and checked to be exact."""
     key = (stack.name, setting)
@@ -223,7 +269,7 @@ def _plain(stack: Stack, setting: Setting, data_root: Path) -> JobRun:
             f"the plain job failed (a harness problem, not the pack's):\n{plain.stderr[-4000:]}"
         )
         assert plain.epochs is not None, "the plain job wrote no ids"
-        problems = _epoch_problems(plain.epochs)
+        problems = _epoch_problems(plain.epochs) + _rank_problems(plain, setting)
         assert not problems, "the plain job is not exact (a harness problem):\n" + "\n".join(
             problems
         )
@@ -242,8 +288,11 @@ def _first_difference(a: list[int], b: list[int]) -> str:
     return f"lengths {len(a)} and {len(b)}"
 
 
-def compare(stack: Stack, plain: JobRun, pack: JobRun) -> list[str]:
-    """Every way the pack's run differs from the plain run (empty: invisible)."""
+def compare(stack: Stack, plain: JobRun, pack: JobRun, setting: Setting = W0) -> list[str]:
+    """Every way the pack's run differs from the plain run (empty: invisible).
+
+    Under DDP (``setting.devices > 1``) ``epochs`` is the union over the ranks; each rank of a
+    map-style stack must also have received the same samples as in the plain run."""
     if pack.returncode != plain.returncode:
         return [
             f"exit code {pack.returncode} (plain: {plain.returncode}); the error:\n"
@@ -251,7 +300,18 @@ def compare(stack: Stack, plain: JobRun, pack: JobRun) -> list[str]:
         ]
     if pack.epochs is None:
         return ["the job under the pack wrote no ids file"]
-    problems = _epoch_problems(pack.epochs)
+    problems = _epoch_problems(pack.epochs) + _rank_problems(pack, setting)
+    if setting.devices > 1 and stack.map_style and not problems:
+        assert plain.ranks is not None
+        assert pack.ranks is not None
+        for r, (mine_r, theirs_r) in enumerate(zip(plain.ranks, pack.ranks, strict=True)):
+            for e, (mine, theirs) in enumerate(zip(mine_r, theirs_r, strict=False)):
+                if Counter(mine) != Counter(theirs):
+                    only_plain = sum((Counter(mine) - Counter(theirs)).values())
+                    problems.append(
+                        f"rank {r}, epoch {e}: other samples than the plain run's rank {r} "
+                        f"({only_plain} only in plain)"
+                    )
     assert plain.epochs is not None
     for e, (mine, theirs) in enumerate(zip(plain.epochs, pack.epochs, strict=False)):
         if Counter(mine) != Counter(theirs):
@@ -291,7 +351,7 @@ def check_invisible(
         f"{stack_name} {setting.id}: plain {plain.seconds:.1f} s, {mode} {pack.seconds:.1f} s; "
         f"training_step calls outside the fit's steps: {pack.other_training_step_calls}"
     )
-    problems = compare(stack, plain, pack)
+    problems = compare(stack, plain, pack, setting)
     where = f"(the runs' output: {plain.run}/std*.txt and {pack.run}/std*.txt)"
     assert not problems, "\n- ".join(
         [f"`{mode}` changed the {stack_name} job ({setting.id}):", *problems, where]
@@ -310,6 +370,8 @@ def _grid() -> list[tuple[str, Setting, str]]:
         if stack.name == "tensor":
             settings.append(W2P_L)
         cases += [(stack.name, setting, mode) for setting in settings for mode in MODES]
+        if stack.name in DDP_STACKS:
+            cases += [(stack.name, W2_DDP, mode) for mode in DDP_MODES]
     return cases
 
 
@@ -327,17 +389,18 @@ FAST = [
     ("litdata", W2, "deep"),
     ("mosaic", W2, "deep"),
     ("mosaic", W2P, "deep"),  # where MosaicML's shared memory met the side probe's workers
+    ("stream_cached", W2_DDP, "deep"),  # two ranks x two workers: each sample once per epoch
 ]
 
 
-@pytest.mark.timeout(2 * TIMEOUT + 120)
+@pytest.mark.timeout(CASE_TIMEOUT)
 @pytest.mark.parametrize("case", FAST, ids=_ids)
 def test_invisible(case: tuple[str, Setting, str], data_root: Path, tmp_path: Path) -> None:
     check_invisible(*case, data_root=data_root, tmp_path=tmp_path)
 
 
 @pytest.mark.grid
-@pytest.mark.timeout(2 * TIMEOUT + 120)
+@pytest.mark.timeout(CASE_TIMEOUT)
 @pytest.mark.parametrize("case", GRID, ids=_ids)
 def test_invisible_grid(
     case: tuple[str, Setting, str], data_root: Path, tmp_path: Path, request: pytest.FixtureRequest
@@ -354,3 +417,9 @@ def test_grid_covers_every_stack_setting_and_mode() -> None:
     for stack in STACKS:
         assert {s for name, s, _ in GRID if name == stack} >= {W0, W2, W2P}
     assert {name for name, s, _ in GRID if s.spawn} == {"tensor", "cached_map"}
+    ddp = {(name, mode) for name, s, mode in GRID if s.devices > 1}
+    assert ddp == {(name, mode) for name in DDP_STACKS for mode in DDP_MODES}
+    assert {s for _, s, _ in GRID if s.devices > 1} == {W2_DDP}
+    assert W2_DDP.workers == 2
+    assert any(s.devices > 1 for _, s, _ in FAST)
+    assert len(set(GRID)) == len(GRID)

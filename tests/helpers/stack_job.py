@@ -13,6 +13,14 @@ prints its own results on lines that start with ``JOB:`` (the doctor's report, p
 end, is not part of the job's output). Only the real training steps count: the Lightning loop
 calls ``on_train_batch_start`` before each of them, which a ``training_step`` called by anything
 else (a probe timing the model) does not get; such calls are counted apart.
+
+With ``--devices 2`` it trains with ``strategy="ddp"`` on two CPU processes (gloo; Lightning
+relaunches the script for rank 1). A stream splits itself across ranks and workers; a map-style
+loader gets Lightning's ``DistributedSampler``. Each rank records its own steps' ids and writes
+them to ``ids.rank<r>.json`` beside ``--out``; at the end of the fit they are gathered, and rank
+0 alone writes ``--out`` -- ``"epochs"`` holds each epoch's ids of rank 0 followed by those of
+rank 1, ``"ranks"`` each rank's own ``epochs`` -- and prints the ``JOB:`` lines (their counts
+are over all ranks).
 """
 
 from __future__ import annotations
@@ -30,16 +38,33 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_wor
 BATCH_SIZE = 16
 
 
+def rank_and_world() -> tuple[int, int] | None:
+    """``(rank, world size)`` of the initialised default process group, else ``None``."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
 class Shards(IterableDataset):
-    """Stands in for a WebDataset: each worker reads its own ids, in the same order each pass."""
+    """Stands in for a WebDataset: each (rank, worker) reads its own ids, in the same order each
+    pass -- process ``rank * workers + worker`` of ``world * workers``, as a stream that splits
+    itself by node and by worker does."""
 
     def __init__(self, ids: torch.Tensor, x: torch.Tensor) -> None:
         self.ids, self.x = ids, x
+        self._topology: tuple[int, int] | None = None  # the rank's, for a spawned worker
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_topology"] = rank_and_world() or self._topology
+        return state
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        for i in range(worker, len(self.ids), workers):
+        rank, world = rank_and_world() or self._topology or (0, 1)
+        me, shards = rank * workers + worker, world * workers
+        for i in range(me, len(self.ids), shards):
             yield self.ids[i], self.x[i]
 
 
@@ -58,8 +83,9 @@ def webdataset_stream(data: Path) -> Any:
     import webdataset as wds
 
     urls = sorted(str(p) for p in data.glob("shard-*.tar"))
-    # Unshuffled shards, split by node (a no-op on one process) and by DataLoader worker
-    # (WebDataset's default): each epoch reads every sample once.
+    # Unshuffled shards, split by node (a no-op on one process; under DDP, rank r of n reads
+    # shards r, r + n, ...) and then by DataLoader worker (WebDataset's default): each epoch
+    # reads every sample once across the ranks.
     pipeline = wds.WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node)
     return pipeline.decode().to_tuple("cls", "npy").map(to_tensors)
 
@@ -126,6 +152,9 @@ def make_module(pl: Any) -> Any:
             self.epochs: list[list[int]] = []
             self.other_training_step_calls = 0
             self._real_step = False
+            # every rank's ``epochs`` and other calls: set at the end of the fit
+            self.ranks: list[list[list[int]]] = [self.epochs]
+            self.other_calls_per_rank: list[int] | None = None
 
         def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
             self._real_step = True  # the Lightning loop is about to run a real training step
@@ -140,6 +169,18 @@ def make_module(pl: Any) -> Any:
                 self.other_training_step_calls += 1
             self._real_step = False
             return self.layer(x.float()).pow(2).mean()
+
+        def on_train_end(self) -> None:
+            # every rank's ids, on every rank (the process group is up until the fit ends)
+            self.ranks = [self.epochs]
+            self.other_calls_per_rank = [self.other_training_step_calls]
+            if self.trainer.world_size > 1:
+                gathered: list[Any] = [None] * self.trainer.world_size
+                torch.distributed.all_gather_object(
+                    gathered, (self.epochs, self.other_training_step_calls)
+                )
+                self.ranks = [epochs for epochs, _ in gathered]
+                self.other_calls_per_rank = [calls for _, calls in gathered]
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -158,6 +199,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--namespace", default="pytorch_lightning")
     parser.add_argument("--callbacks", default="", help="comma-separated: profiler")
+    parser.add_argument("--devices", type=int, default=1, help='> 1: strategy="ddp" on CPUs')
     args = parser.parse_args()
 
     if args.namespace == "lightning":
@@ -178,8 +220,12 @@ def main() -> None:
             callbacks.append(DataPipelineProfiler(probe="start", probe_batches=4, model_steps=2))
         else:
             raise SystemExit(f"unknown --callbacks entry {name!r}")
+    distributed: dict[str, Any] = {}
+    if args.devices > 1:
+        distributed = {"devices": args.devices, "strategy": "ddp"}
     trainer = pl.Trainer(
         accelerator="cpu",
+        **distributed,
         max_epochs=args.epochs,
         logger=False,
         enable_checkpointing=False,
@@ -190,20 +236,38 @@ def main() -> None:
     )
     trainer.fit(model, train_dataloaders=loader)
 
+    if args.out and args.devices > 1:  # each rank's own record (a look after a failure)
+        out = Path(args.out)
+        mine = {
+            "epochs": model.epochs,
+            "other_training_step_calls": model.other_training_step_calls,
+        }
+        out.with_name(f"{out.stem}.rank{trainer.global_rank}.json").write_text(json.dumps(mine))
     if trainer.is_global_zero:
         weights = hashlib.sha256()
         for tensor in model.state_dict().values():
             weights.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        other_calls = model.other_calls_per_rank or [model.other_training_step_calls]
+        n_epochs = max(len(epochs) for epochs in model.ranks)
+        union = [
+            [i for epochs in model.ranks for i in (epochs[e] if e < len(epochs) else [])]
+            for e in range(n_epochs)
+        ]
         if args.out:
-            result = {
-                "epochs": model.epochs,
+            result: dict[str, Any] = {
+                "epochs": union,
                 "weights_sha256": weights.hexdigest(),
-                "other_training_step_calls": model.other_training_step_calls,
+                "other_training_step_calls": sum(other_calls),
             }
+            if args.devices > 1:
+                result["ranks"] = model.ranks
+                result["other_training_step_calls_per_rank"] = other_calls
             Path(args.out).write_text(json.dumps(result))
-        counts = [len(epoch) for epoch in model.epochs]
+        counts = [len(epoch) for epoch in union]
         print(f"JOB: stack {args.stack} workers {args.workers} persistent {args.persistent}")
-        print(f"JOB: epochs {len(model.epochs)}")
+        if args.devices > 1:
+            print(f"JOB: devices {args.devices} (ddp); samples per epoch over all ranks")
+        print(f"JOB: epochs {len(union)}")
         print(f"JOB: samples per epoch {counts}")
         print(f"JOB: samples {sum(counts)}")
         print(f"JOB: global_step {trainer.global_step}")

@@ -132,8 +132,9 @@ def job_args(
     epochs: int = 2,
     namespace: str = "pytorch_lightning",
     callbacks: str | None = None,
+    devices: int = 1,
 ) -> list[str]:
-    """The job's command-line arguments (after the script)."""
+    """The job's command-line arguments (after the script); ``devices > 1``: DDP on CPUs."""
     args = ["--stack", stack, "--data", str(data), "--workers", str(workers)]
     args += ["--epochs", str(epochs), "--out", str(out), "--namespace", namespace]
     if persistent:
@@ -142,6 +143,8 @@ def job_args(
         args.append("--spawn")
     if callbacks:
         args += ["--callbacks", callbacks]
+    if devices != 1:
+        args += ["--devices", str(devices)]
     return args
 
 
