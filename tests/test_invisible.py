@@ -100,6 +100,8 @@ W2_DDP = Setting(2, devices=2)
 #: workers) and a map-style control with Lightning's ``DistributedSampler``.
 DDP_STACKS = ("stream_cached", "wds_cached", "tensor")
 DDP_MODES = ("deep", "doctor")
+#: ``speedpack doctor --trace`` (StepTimeline's profiler window) on these stacks, 2 workers.
+TRACE_STACKS = ("tensor", "stream_cached", "wds_cached", "litdata", "mosaic")
 
 
 @dataclass
@@ -372,6 +374,8 @@ def _grid() -> list[tuple[str, Setting, str]]:
         cases += [(stack.name, setting, mode) for setting in settings for mode in MODES]
         if stack.name in DDP_STACKS:
             cases += [(stack.name, W2_DDP, mode) for mode in DDP_MODES]
+        if stack.name in TRACE_STACKS:
+            cases.append((stack.name, W2, "trace"))
     return cases
 
 
@@ -413,7 +417,9 @@ def test_invisible_grid(
 def test_grid_covers_every_stack_setting_and_mode() -> None:
     assert set(FAST) <= set(GRID)
     assert {stack for stack, _, _ in GRID} == set(STACKS)
-    assert {mode for _, _, mode in GRID} == set(MODES) == {"doctor", "deep", "profiler"}
+    assert set(MODES) == {"doctor", "deep", "profiler"}
+    assert {mode for _, _, mode in GRID} == {*MODES, "trace"}
+    assert {name for name, _, mode in GRID if mode == "trace"} == set(TRACE_STACKS)
     for stack in STACKS:
         assert {s for name, s, _ in GRID if name == stack} >= {W0, W2, W2P}
     assert {name for name, s, _ in GRID if s.spawn} == {"tensor", "cached_map"}

@@ -173,7 +173,9 @@ def pack_command(mode: str, args: list[str]) -> list[str]:
         return [*doctor, "--deep", str(JOB_SCRIPT), *args]
     if mode == "profiler":
         return [sys.executable, str(JOB_SCRIPT), *args, "--callbacks", "profiler"]
-    raise ValueError(f"unknown pack mode {mode!r}; choose from {MODES}")
+    if mode == "trace":  # StepTimeline's trace window (torch.profiler) on steps 2-3
+        return [*doctor, "--trace", "2:2", "--trace-dir", "traces", str(JOB_SCRIPT), *args]
+    raise ValueError(f"unknown pack mode {mode!r}; choose from {(*MODES, 'trace')}")
 
 
 # --- building the data (run as a script: ``python stacks.py build KIND DIR``) ---------------
