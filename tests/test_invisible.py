@@ -354,6 +354,8 @@ def check_invisible(
         f"training_step calls outside the fit's steps: {pack.other_training_step_calls}"
     )
     problems = compare(stack, plain, pack, setting)
+    if mode == "trace" and not list(Path(pack.run).glob("traces/*.trace.json")):
+        problems.append("`--trace 2:2` wrote no trace: the window never ran")
     where = f"(the runs' output: {plain.run}/std*.txt and {pack.run}/std*.txt)"
     assert not problems, "\n- ".join(
         [f"`{mode}` changed the {stack_name} job ({setting.id}):", *problems, where]
