@@ -6,8 +6,9 @@ and the cache (what a spawned DataLoader worker unpickles) imports torch but not
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_speedpack.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from lightning_speedpack.cache.cached_dataset import CachedDataset
@@ -18,21 +19,12 @@ if TYPE_CHECKING:
 __all__ = ["CacheBudgetWarning", "CacheInfo", "CachedDataset", "CachedStream", "node_id"]
 
 _WHERE = {
-    "CacheBudgetWarning": "options",
-    "CacheInfo": "options",
-    "CachedDataset": "cached_dataset",
-    "CachedStream": "stream",
-    "node_id": "node",
+    "CacheBudgetWarning": ".options",
+    "CacheInfo": ".options",
+    "CachedDataset": ".cached_dataset",
+    "CachedStream": ".stream",
+    "node_id": ".node",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())

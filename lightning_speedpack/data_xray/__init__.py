@@ -9,8 +9,9 @@ through it) and imports no Lightning; only :class:`DataPipelineProfiler`, a call
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from lightning_speedpack.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from lightning_speedpack.core.stages import stage
@@ -24,13 +25,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())
