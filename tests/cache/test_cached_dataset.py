@@ -713,3 +713,33 @@ def test_an_in_place_transform_under_default_collate_leaves_the_cache_intact() -
         for _epoch in range(3):
             for (x, _, _), (ex, _, _) in zip(loader, expected, strict=True):
                 assert torch.equal(x, ex + 1)
+
+
+_READ_COPIES: list[Any] = []  # weak references to the samples a transform was given
+
+
+def _count_held_read_copies(sample: Any) -> Any:
+    """A transform that reports how many earlier read copies are still alive when it runs."""
+    import weakref
+
+    x, v, y = sample
+    held = sum(ref() is not None for ref in _READ_COPIES)
+    _READ_COPIES.append(weakref.ref(x))
+    return x.float() * 2, v, y, held
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_transform_gets_each_read_copy_dropped_before_the_next_is_read(workers: int) -> None:
+    """Memory with a transform: the read copies of a batch are not all held until its end
+    (each was another decoded sample in every worker's heap)."""
+    _READ_COPIES.clear()
+    with CachedDataset(Alike(), transform=_count_held_read_copies, max_bytes=1 << 20) as cached:
+        loader = DataLoader(cached, batch_size=8, num_workers=workers)
+        for _epoch in range(2):  # epoch 1 fills, epoch 2 reads every sample from the cache
+            batches = list(loader)
+        assert cached.cache_info().hits == 16
+    assert [int(h) for *_, held in batches for h in held] == [0] * 16
+    for (x, v, y, _), (ex, ev, ey) in zip(batches, _expected_batches(8), strict=True):
+        assert torch.equal(x, ex.float() * 2)
+        assert torch.equal(v, ev)
+        assert torch.equal(y, ey)
