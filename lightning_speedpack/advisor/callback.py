@@ -394,7 +394,8 @@ class SpeedAdvisor(Callback):
     def _on_verdict(self, verdict: events.DataVerdict) -> None:
         self._measured = verdict
         if self._reported:  # measured after the report (the profiler ran late): amend it
-            self.findings = _advice.with_measured_workers(self.findings, verdict)
+            found = _advice.with_measured_workers(self.findings, verdict)
+            self.findings = _advice.with_measured_wait(found, verdict, self.data_wait_threshold)
 
     def _restore(self) -> None:
         self._measuring = False
@@ -429,6 +430,7 @@ class SpeedAdvisor(Callback):
         found += _advice.check_zero_grad(self._stale_param, self._stale_step)
         found += _advice.check_eval_grad(self._eval_grad)
         found = _advice.with_measured_workers(found, self._measured)
+        found = _advice.with_measured_wait(found, self._measured, self.data_wait_threshold)
         self.findings = sorted(found, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
         self._remove_hooks()
         if self.verbose and trainer.is_global_zero:

@@ -15,6 +15,7 @@ __all__ = [
     "check_dataloader_workers",
     "check_persistent_workers",
     "check_pin_memory",
+    "with_measured_wait",
     "with_measured_workers",
 ]
 
@@ -67,8 +68,11 @@ def with_measured_workers(
 
     When the data profiler measured the run as data-bound (its loader and model ceilings),
     the rule-of-thumb worker count of the ``dataloader-workers`` finding gives way to the
-    measured one; a data-bound run with no such finding gets one. Any other verdict leaves
-    ``found`` as it is.
+    measured one; a data-bound run with no such finding gets one. A model-bound verdict
+    (also one revised at fit end, after an earlier data-bound one) removes the measured
+    finding, and the ``num_workers=0`` rule of thumb when the run waited for data under 5% of
+    its training time or under 1 ms a batch; "fewer workers than now" stays. An unknown
+    verdict changes nothing.
 
     Example:
         >>> v = DataVerdict("data", 300.0, 2400.0, workers_needed=6,
@@ -77,8 +81,24 @@ def with_measured_workers(
         ['DataLoader(num_workers=6, persistent_workers=True): measured, one loading process
           delivers 400 samples/s and the model consumes 2,400']
     """
-    if measured is None or measured.bound != "data" or not measured.workers_needed:
+    if measured is None:
         return found
+    if measured.bound == "model":
+        # Measured: the loader keeps up. An earlier data-bound verdict the run then refuted
+        # goes; so does "add workers" for num_workers=0 when the run hardly waited for data
+        # (loading in the training process costs it nothing worth a process of its own).
+        fraction, ms = measured.data_wait_fraction, measured.data_wait_ms_per_batch
+        # under 1 ms a batch is the loop's own bookkeeping (a tiny model): no worker removes it
+        hardly = (fraction is not None and fraction < 0.05) or (ms is not None and ms < 1.0)
+        return [f for f in found if not (_measured_workers(f) or (hardly and _adds_workers(f)))]
+    if measured.bound == "data" and not measured.workers_close_gap:
+        # Measured: workers on this rank's cores cannot feed the model. The data-bound
+        # finding says what can; "add workers" here would promise what was measured not to be.
+        return [f for f in found if not (_measured_workers(f) or _adds_workers(f))]
+    if measured.bound != "data":
+        return found
+    if not measured.workers_needed:  # a worker count from an earlier verdict is stale now
+        return [f for f in found if not _measured_workers(f)]
     per_worker = measured.per_worker_samples_per_sec or 0.0
     model = measured.model_samples_per_sec or 0.0
     fix = (
@@ -106,6 +126,39 @@ def with_measured_workers(
         figures={**(old.figures if old is not None else {}), **figures},
     )
     return [measured_finding, *kept]
+
+
+def _measured_workers(finding: AdvisorFinding) -> bool:
+    """The ``dataloader-workers`` finding a data-bound measurement made."""
+    return finding.id == "dataloader-workers" and "workers_needed" in (finding.figures or {})
+
+
+def _adds_workers(finding: AdvisorFinding) -> bool:
+    """The rule-of-thumb ``dataloader-workers`` finding for ``num_workers=0``."""
+    return finding.id == "dataloader-workers" and (finding.figures or {}).get("num_workers") == 0
+
+
+def with_measured_wait(
+    found: list[AdvisorFinding], measured: DataVerdict | None, threshold: float = 0.2
+) -> list[AdvisorFinding]:
+    """``data-wait`` as the data profiler measured it, when it did.
+
+    The advisor's own wait is the interval between two batch hooks: what other callbacks do
+    there (a checkpoint, a logger) looks like waiting for data. The profiler times the loader's
+    ``next`` itself. With its figure: the finding goes when that wait is at most ``threshold``
+    of the training time or under 1 ms a batch, and when the run is measured data-bound (the
+    ``data-bound`` finding states the wait and the fix); otherwise it stays.
+
+    Example:
+        >>> wait = AdvisorFinding("data-wait", "error", "72% waits", "e", "fix")
+        >>> v = DataVerdict("model", 4900.0, 2700.0, data_wait_fraction=0.03,
+        ...                 data_wait_ms_per_batch=0.8)
+        >>> with_measured_wait([wait], v)
+        []
+    """
+    if measured is None or measured.confirms_data_wait(threshold) is not False:
+        return found
+    return [f for f in found if f.id != "data-wait"]
 
 
 def check_pin_memory(loader: LoaderSettings, device: DeviceInfo) -> list[AdvisorFinding]:

@@ -25,6 +25,7 @@ from lightning_speedpack.advisor.data_loading import (
     check_dataloader_workers,
     check_persistent_workers,
     check_pin_memory,
+    with_measured_wait,
     with_measured_workers,
 )
 from lightning_speedpack.advisor.gpu import (
@@ -75,5 +76,6 @@ __all__ = [
     "check_zero_grad",
     "gpu_skip_reason",
     "has_conv",
+    "with_measured_wait",
     "with_measured_workers",
 ]

@@ -75,6 +75,11 @@ class DataVerdict:
             per-worker rate (None when not estimated).
         per_worker_samples_per_sec: what one loading process delivered.
         num_workers: the loader's ``num_workers`` when it was measured.
+        data_wait_fraction: the share of the run's training time spent waiting for the
+            loader (None: a verdict from the probe alone, before the run).
+        data_wait_ms_per_batch: the mean wait for one batch in that run.
+        workers_close_gap: False when workers on the cores this rank's loader can use cannot
+            feed the model (the verdict then says what can).
     """
 
     bound: str
@@ -83,6 +88,27 @@ class DataVerdict:
     workers_needed: int | None = None
     per_worker_samples_per_sec: float | None = None
     num_workers: int = 0
+    data_wait_fraction: float | None = None
+    data_wait_ms_per_batch: float | None = None
+    workers_close_gap: bool = True
+
+    def confirms_data_wait(self, threshold: float) -> bool | None:
+        """Whether a "waits for data" finding at ``threshold`` stands on this measurement.
+
+        None when the run's wait was not measured (a verdict from the probe alone). False
+        when the loader's measured wait is at most ``threshold`` of the training time or under
+        1 ms a batch (a tiny model's own loop between batches), or when the run is measured
+        data-bound (that finding states the wait and its fix); True otherwise.
+
+        Example:
+            >>> DataVerdict("model", 1.0, 2.0, data_wait_fraction=0.03).confirms_data_wait(0.2)
+            False
+        """
+        fraction, ms = self.data_wait_fraction, self.data_wait_ms_per_batch
+        if fraction is None:
+            return None
+        small = fraction <= threshold or (ms is not None and ms < 1.0)
+        return not (small or self.bound == "data")
 
 
 class Subscription:

@@ -58,7 +58,7 @@ NAME_BYTES = 32
 RING = 32
 
 # row fields
-F_START, F_PID, F_FETCH_S, F_FETCH_N, F_COLLATE_S, F_COLLATE_N, F_OVERFLOW = range(7)
+F_START, F_PID, F_FETCH_S, F_FETCH_N, F_COLLATE_S, F_COLLATE_N, F_OVERFLOW, F_FETCH_CPU = range(8)
 F_RING = 8
 F_STAGES = F_RING + RING
 FIELDS = F_STAGES + 2 * MAX_STAGES
@@ -134,6 +134,7 @@ class CounterTable:
                     overflow=bool(row[F_OVERFLOW]),
                     stages=stages,
                     ring=[float(v) for v in row[F_RING:F_STAGES]],
+                    fetch_cpu_seconds=float(row[F_FETCH_CPU]),
                 )
             )
         return out
@@ -157,6 +158,7 @@ class RowSnapshot:
     overflow: bool
     stages: dict[str, tuple[float, float]]  # name -> (seconds, count)
     ring: list[float]
+    fetch_cpu_seconds: float = 0.0  # CPU time of the fetches (collate included)
 
     @property
     def busy_seconds(self) -> float:
@@ -187,10 +189,11 @@ class _Recorder:
         self.mv[self.base + F_PID] = float(os.getpid())
         self.mv[self.base + F_START] = _clock()
 
-    def add_fetch(self, seconds: float, samples: int) -> None:
+    def add_fetch(self, seconds: float, samples: int, cpu_seconds: float = 0.0) -> None:
         mv, b = self.mv, self.base
         mv[b + F_FETCH_S] += seconds
         mv[b + F_FETCH_N] += samples
+        mv[b + F_FETCH_CPU] += cpu_seconds
 
     def add_collate(self, seconds: float, done: float) -> None:
         mv, b = self.mv, self.base

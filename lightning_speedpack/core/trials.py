@@ -20,10 +20,11 @@ training steps before the fit starts (e.g. measuring the model's own ceiling):
 from __future__ import annotations
 
 import copy
+import inspect
 import random
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -310,15 +311,39 @@ def train_step(
     """One real training step on a batch already on the device: forward, backward, step.
 
     The LightningModule itself runs, not the DDP wrapper: no gradient all-reduce, so a rank
-    that runs out of memory cannot leave the others waiting in a collective.
+    that runs out of memory cannot leave the others waiting in a collective. Under manual
+    optimization (``automatic_optimization = False``: a GAN's two optimizers,
+    ``toggle_optimizer``) the step does its own backward and optimizer steps, as in the fit.
+    ``training_step(self, batch)`` without ``batch_idx`` is called as Lightning calls it.
     """
+    args = (batch, batch_idx) if _takes_batch_idx(pl_module.training_step) else (batch,)
     with trainer.precision_plugin.train_step_context():
-        out = pl_module.training_step(batch, batch_idx)
+        out = pl_module.training_step(*args)
+    if not pl_module.automatic_optimization:
+        for each in trainer.optimizers:
+            each.zero_grad(set_to_none=True)
+        return
     loss = out.get("loss") if isinstance(out, Mapping) else out
     if isinstance(loss, torch.Tensor):
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def _takes_batch_idx(step: Callable[..., Any]) -> bool:
+    """Whether a ``training_step`` takes ``batch_idx`` (Lightning passes it only then)."""
+    try:
+        params = list(inspect.signature(step).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    positional = [
+        p
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(positional) >= 2 or any(p.name == "batch_idx" for p in params)
 
 
 def time_training_steps(

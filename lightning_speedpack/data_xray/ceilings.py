@@ -23,7 +23,7 @@ import torch
 
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 
-__all__ = ["LoaderCeiling", "Verdict", "loader_ceiling", "verdict"]
+__all__ = ["LoaderCeiling", "Verdict", "cpu_count", "loader_ceiling", "samples_in_batch", "verdict"]
 
 #: The model must beat the loader by this factor for the run to be called data-bound.
 BOUND_MARGIN = 1.1
@@ -41,7 +41,8 @@ class LoaderCeiling:
     batch: Any = None  # the last batch drawn (for the model ceiling)
 
 
-def _samples(batch: Any) -> int:
+def samples_in_batch(batch: Any) -> int:
+    """Samples in a batch (1 when it cannot be told)."""
     try:
         return infer_batch_size(batch)
     except BatchSizeError:
@@ -94,7 +95,7 @@ def loader_ceiling(
         if drawn >= warmup:
             for batch in iterator:
                 last = time.perf_counter()  # not the shutdown that follows the last batch
-                samples += _samples(batch)
+                samples += samples_in_batch(batch)
                 count += 1
                 if count >= batches:
                     break
@@ -117,28 +118,58 @@ class Verdict:
     model_samples_per_sec: float | None
     workers_needed: int | None = None
     per_worker_samples_per_sec: float | None = None
+    warm: bool = False  # the loader figure is the warm cache's (a cache filled earlier)
+    reason: str | None = None  # why "unknown"
+    model_spread: tuple[float, float] | None = None  # lowest, highest per-epoch model rate
+    cpu_share: float | None = None  # CPU time / wall time of the fetches, when measured
+    more_than_cores: bool = False  # workers_needed exceeds the cores: the fetch waits
+    cores: int | None = None  # set when workers on these cores cannot close the gap
+    instead: str | None = None  # then: what can
+    transfer_note: str | None = None  # data-bound by the handover, not the loading itself
 
     @property
     def message(self) -> str:
         """The verdict in one sentence, with the numbers."""
         loader, model = self.loader_samples_per_sec, self.model_samples_per_sec
         if self.bound == "unknown" or loader is None or model is None:
-            return "unknown: a ceiling could not be measured"
+            return f"unknown: {self.reason or 'a ceiling could not be measured'}"
         if self.bound == "data":
             text = (
                 f"data-bound: the loader delivers {loader:,.0f} samples/s, "
                 f"the model could consume {model:,.0f}"
             )
-            if self.workers_needed is not None and self.per_worker_samples_per_sec:
-                text += (
-                    f"; about {self.workers_needed} workers at the measured "
-                    f"{self.per_worker_samples_per_sec:,.0f} samples/s each would close the gap"
-                )
-            return text
+            return text + self._workers_text()
+        spread = ""
+        if self.model_spread is not None:
+            lo, hi = self.model_spread
+            spread = f" ({lo:,.0f}-{hi:,.0f} over epochs)"
         return (
-            f"model-bound: the model consumes {model:,.0f} samples/s, "
-            f"the loader could deliver {loader:,.0f}"
+            f"model-bound: the model consumes {model:,.0f} samples/s{spread}, "
+            f"the loader could deliver {loader:,.0f}{' warm' if self.warm else ''}"
         )
+
+    def _workers_text(self) -> str:
+        if self.transfer_note is not None:
+            return f"; {self.transfer_note}"
+        per = self.per_worker_samples_per_sec
+        if self.cores is not None and per:
+            text = (
+                f"; {self.cores} core(s) for loading cannot close it with workers (one delivers "
+                f"{per:,.0f} samples/s while busy)"
+            )
+            return text + (f"; instead: {self.instead}" if self.instead else "")
+        if self.workers_needed is None or not per:
+            return ""
+        text = (
+            f"; about {self.workers_needed} workers at the measured {per:,.0f} samples/s each "
+            "would close the gap"
+        )
+        if self.more_than_cores and self.cpu_share is not None:
+            text += (
+                f" (more workers than cores pay here: the fetch waits, CPU "
+                f"{self.cpu_share:.0%} of its time)"
+            )
+        return text
 
 
 def verdict(

@@ -29,6 +29,8 @@ import copy
 import functools
 import importlib
 import os
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +54,34 @@ __all__ = [
 GENERATIONS = 4
 
 
+_SCHEDSTAT: dict[tuple[int, int], int] = {}  # (pid, thread) -> its open schedstat file
+
+
+def compute_clock() -> Callable[[], float]:
+    """A clock of the seconds this thread computed or was ready to compute.
+
+    CPU time tells a fetch that computes from one that waits (I/O, a sleep, a remote store).
+    On a loaded machine a computing thread also waits for a core; Linux counts that time
+    apart (``/proc/thread-self/schedstat``: time on a CPU, time on a run queue), so both are
+    summed here and a CPU-bound decode reads as computing however busy the machine is.
+    Elsewhere: ``time.thread_time`` (CPU time only).
+    """
+    key = (os.getpid(), threading.get_ident())  # a forked child must not read its parent's
+    fd = _SCHEDSTAT.get(key)
+    if fd is None:
+        try:
+            fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            return time.thread_time
+        _SCHEDSTAT[key] = fd
+
+    def ready_seconds() -> float:
+        on_cpu, queued, _ = os.pread(fd, 96, 0).split(maxsplit=2)
+        return (int(on_cpu) + int(queued)) * 1e-9
+
+    return ready_seconds
+
+
 class TimedFetcher:
     """A torch fetcher whose ``fetch`` is timed: the dataset's part (less the collate) per sample.
 
@@ -70,11 +100,12 @@ class TimedFetcher:
         8.0
     """
 
-    __slots__ = ("_stream", "inner")
+    __slots__ = ("_cpu", "_stream", "inner")
 
     def __init__(self, inner: Any) -> None:
         self.inner: Any = inner.inner if isinstance(inner, TimedFetcher) else inner
         self._stream = isinstance(self.inner, _IterableDatasetFetcher)
+        self._cpu = compute_clock()
 
     def fetch(self, possibly_batched_index: Any) -> Any:
         """Fetch and collate one batch as torch would, timing the dataset's part."""
@@ -82,9 +113,11 @@ class TimedFetcher:
         if rec is None:
             return self.inner.fetch(possibly_batched_index)
         collate_s, collated = rec.collated()
+        cpu = self._cpu()
         start = _clock()
         batch = self.inner.fetch(possibly_batched_index)  # StopIteration passes through uncounted
         seconds = _clock() - start
+        cpu = self._cpu() - cpu
         after_s, after = rec.collated()
         if not self.inner.auto_collation:
             samples = 1
@@ -92,7 +125,7 @@ class TimedFetcher:
             samples = rec.items
         else:
             samples = len(possibly_batched_index)
-        rec.add_fetch(max(0.0, seconds - (after_s - collate_s)), samples)
+        rec.add_fetch(max(0.0, seconds - (after_s - collate_s)), samples, cpu)
         return batch
 
     def __getattr__(self, name: str) -> Any:
@@ -185,10 +218,16 @@ class WorkerInit:
 
 
 class _ReceivingIterator:
-    """The DataLoader's iterator, plus the time each batch is received (main process)."""
+    """The DataLoader's iterator, plus the time each batch is received (main process).
 
-    def __init__(self, inner: Any, probe: LoaderProbe, generation: int) -> None:
+    On the fit's own iterator it also sums the time the training process spends inside
+    ``next``: waiting for the loader, and nothing else (what callbacks do between two batches
+    is not in it).
+    """
+
+    def __init__(self, inner: Any, probe: LoaderProbe, generation: int, train: bool) -> None:
         self._inner, self._probe, self._generation = inner, probe, generation
+        self._train = train
         self._heads: dict[int, int] = {}  # a new pool: its workers start their rows from zero
 
     def __iter__(self) -> _ReceivingIterator:
@@ -200,9 +239,14 @@ class _ReceivingIterator:
         if info is not None and getattr(self._inner, "_in_order", True):
             task = info.get(getattr(self._inner, "_rcvd_idx", -1))
             worker = task[0] if task else None
-        batch = next(self._inner)
+        start = _clock()
+        batch = next(self._inner)  # StopIteration passes through: the end is not a wait
+        now = _clock()
+        if self._train:
+            self._probe.next_seconds += now - start
+            self._probe.nexts += 1
         if worker is not None:
-            self._received(worker, _clock())
+            self._received(worker, now)
         return batch
 
     def __len__(self) -> int:
@@ -254,6 +298,8 @@ class LoaderProbe:
         self.train_generation = 0  # the pool the fit's own iterator uses
         self.wait_seconds = 0.0
         self.waits = 0
+        self.next_seconds = 0.0  # the fit's iterator: time inside `next` (the data wait)
+        self.nexts = 0
         self.count_from = 0.0  # batches collated before this time are not paired
         loader.collate_fn = TimedCollate(collate)
         if self.workers > 0:
@@ -266,12 +312,12 @@ class LoaderProbe:
             fetcher = getattr(inner, "_dataset_fetcher", None)
             if fetcher is not None:
                 inner._dataset_fetcher = TimedFetcher(fetcher)
-            return inner
+            return _ReceivingIterator(inner, self, 0, train) if train else inner
         self.init.generation += 1  # before the pool starts: its workers write this generation
         generation = self.init.generation
         if train:
             self.train_generation = generation
-        return _ReceivingIterator(type(loader)._get_iterator(loader), self, generation)
+        return _ReceivingIterator(type(loader)._get_iterator(loader), self, generation, train)
 
     def live_rows(self) -> list[int]:
         """The rows of the processes loading for the fit now (row 0: the main process)."""

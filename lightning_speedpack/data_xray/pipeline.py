@@ -26,6 +26,7 @@ class RowDelta:
     collate_seconds: float = 0.0
     batches: float = 0.0
     stages: dict[str, tuple[float, float]] = field(default_factory=dict)
+    fetch_cpu_seconds: float = 0.0
 
     @property
     def busy_seconds(self) -> float:
@@ -68,6 +69,7 @@ def delta(
         d.samples = now.samples - (base.samples if base else 0.0)
         d.collate_seconds = now.collate_seconds - (base.collate_seconds if base else 0.0)
         d.batches = now.batches - (base.batches if base else 0.0)
+        d.fetch_cpu_seconds = now.fetch_cpu_seconds - (base.fetch_cpu_seconds if base else 0.0)
         for name, (seconds, count) in now.stages.items():
             prev = base.stages.get(name, (0.0, 0.0)) if base else (0.0, 0.0)
             if count - prev[1] > 0:
@@ -89,12 +91,21 @@ class PipelineTotals:
     wall_seconds: float = 0.0  # summed over loading processes
     wait_seconds: float = 0.0
     waits: int = 0
+    # Seconds the fetches computed or waited for a core (not for I/O), over loading processes
+    fetch_cpu_seconds: float = 0.0
     stages: dict[str, list[float]] = field(default_factory=dict)
     per_row: dict[int, list[float]] = field(default_factory=dict)  # row -> [busy, wall, samples]
 
     def merge(self, other: PipelineTotals) -> None:
         """Add another total (e.g. a window) to this one."""
-        for name in ("fetch_seconds", "samples", "collate_seconds", "batches", "busy_seconds"):
+        for name in (
+            "fetch_seconds",
+            "samples",
+            "collate_seconds",
+            "batches",
+            "busy_seconds",
+            "fetch_cpu_seconds",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.wall_seconds += other.wall_seconds
         self.wait_seconds += other.wait_seconds
@@ -116,6 +127,7 @@ class PipelineTotals:
             self.collate_seconds += d.collate_seconds
             self.batches += d.batches
             self.busy_seconds += d.busy_seconds
+            self.fetch_cpu_seconds += d.fetch_cpu_seconds
             self.wall_seconds += d.wall
             acc = self.per_row.setdefault(d.row, [0.0, 0.0, 0.0])
             acc[0] += d.busy_seconds
@@ -145,6 +157,10 @@ class PipelineTotals:
             m[f"{prefix}collate_ms"] = 1000.0 * self.collate_seconds / self.batches
         if self.wall_seconds > 0:
             m[f"{prefix}worker_busy_fraction"] = min(self.busy_seconds / self.wall_seconds, 1.0)
+        if self.fetch_cpu_seconds > 0 and self.busy_seconds > 0:
+            m[f"{prefix}fetch_compute_fraction"] = min(
+                self.fetch_cpu_seconds / self.busy_seconds, 1.0
+            )
         if self.waits > 0:
             m[f"{prefix}queue_wait_ms"] = 1000.0 * self.wait_seconds / self.waits
         for name, (seconds, count) in sorted(self.stages.items()):
@@ -155,6 +171,12 @@ class PipelineTotals:
         if hits + misses > 0:
             m[f"{prefix}cache_hit_rate"] = hits / (hits + misses)
         return m
+
+    def cache_reads(self) -> tuple[float, float]:
+        """Hits and misses of a cache the X-ray sees (0, 0 without one)."""
+        hits = self.stages.get(CACHE_HIT_STAGE, [0.0, 0.0])[1]
+        misses = self.stages.get(CACHE_MISS_STAGE, [0.0, 0.0])[1]
+        return hits, misses
 
     def per_process_samples_per_sec(self) -> float | None:
         """Samples one loading process produces per second of busy time."""

@@ -21,10 +21,24 @@ from lightning_speedpack.core.lightning import (
 from lightning_speedpack.core.locations import user_code_location
 from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
-from lightning_speedpack.core.stages import RowSnapshot
-from lightning_speedpack.data_xray.ceilings import Verdict, loader_ceiling, verdict
+from lightning_speedpack.core.stages import CACHE_MISS_STAGE, RowSnapshot
+from lightning_speedpack.data_xray.ceilings import (
+    Verdict,
+    cpu_count,
+    loader_ceiling,
+    samples_in_batch,
+    verdict,
+)
 from lightning_speedpack.data_xray.instrument import LoaderProbe
 from lightning_speedpack.data_xray.pipeline import PipelineTotals, delta, format_stage_table
+from lightning_speedpack.data_xray.run_check import (
+    COLLATE,
+    EpochClock,
+    EpochFigures,
+    RunVerdict,
+    check_verdict,
+    loader_cores,
+)
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -61,6 +75,18 @@ class DataPipelineProfiler(Callback):
     loader delivers 310 samples/s, the model could consume 2,400", with the number of workers
     that would close the gap at the measured per-worker rate.
 
+    The verdict is then checked against the run (``run_check``): each training epoch's own
+    figures (samples/s over its steps, the time spent inside the loader's ``next``, what the
+    loading processes did, the cache's hits) are kept in ``epochs``; at the end of training a
+    probe figure the run refutes (a loader ceiling below the rate the run consumed, a model
+    ceiling below the steps' own pace, "data-bound" with under 5% data wait) is replaced by
+    the run's own and the report says so in one line. A cached run is judged on its epochs
+    after the cache filled, the filling epochs stated apart ("epoch 1: data-bound while the
+    cache fills (4.1 s, once); from epoch 2: model-bound ..."). The workers it asks for never
+    exceed the cores this rank's loader can use (cores per local rank, less the training
+    process) unless the fetch is measured to wait rather than compute; when workers cannot
+    close the gap it says what can.
+
     Rank policy: measures on every rank (each its own loader); logs and reports rank 0's.
 
     ========================================  ==================================================
@@ -72,6 +98,9 @@ class DataPipelineProfiler(Callback):
                                               process (workers only)
     ``data/stage/<name>_ms``                  mean time per call of a named stage
     ``data/worker_busy_fraction``             fetch + collate time / wall time, per process
+    ``data/fetch_compute_fraction``           the part of that time spent computing (on a CPU,
+                                              or ready and waiting for one), not waiting for
+                                              I/O or a sleep
     ``data/cache_hit_rate``                   hits / reads of a ``CachedDataset`` (its stages)
     ``data/loader_ceiling_samples_per_sec``   the loader alone (logged once, at the probe)
     ``data/model_ceiling_samples_per_sec``    the model alone (logged once, at the probe)
@@ -142,6 +171,13 @@ class DataPipelineProfiler(Callback):
         self.trial_steps = 0  # the user's training steps the model ceiling ran before the fit
         self.not_measured: str | None = None  # why the loader was not read by a side probe
         self._from_fit = False  # a stream: both ceilings come from the fit's own batches
+        self.epochs: list[EpochFigures] = []  # the run's own evidence, epoch by epoch
+        self.run_check: RunVerdict | None = None  # the verdict checked against those epochs
+        self._epoch: EpochClock | None = None
+        self._epoch_totals = PipelineTotals()
+        self._waited_closed = 0.0  # data wait of loaders no longer in the fit
+        self._ours_cached = False  # the training data is a CachedDataset (fill() can help)
+        self._unmeasured: list[str] = []  # why a ceiling could not be measured
         # runtime only (never pickled)
         self._probes: list[LoaderProbe] = []
         self._reads: dict[int, tuple[list[RowSnapshot], float]] = {}
@@ -172,6 +208,9 @@ class DataPipelineProfiler(Callback):
         self.loader_ceiling = self.model_ceiling = None
         self.not_measured, self._from_fit, self.trial_steps = None, False, 0
         self._batches, self._last_logged_step, self._pending = 0, -1, PipelineTotals()
+        self.epochs, self.run_check, self._epoch = [], None, None
+        self._epoch_totals, self._waited_closed = PipelineTotals(), 0.0
+        self._ours_cached, self._unmeasured = False, []
         self._shadow(trainer)
 
     @override
@@ -186,6 +225,8 @@ class DataPipelineProfiler(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._keep_train_probes(trainer)  # loaders reloaded for this epoch
         self._activate_main()
+        self._epoch = EpochClock(trainer.current_epoch, self._waited())
+        self._epoch_totals = PipelineTotals()
 
     @override
     def on_train_batch_start(
@@ -194,6 +235,8 @@ class DataPipelineProfiler(Callback):
         if self._from_fit:  # once: the model ceiling on the fit's own first batch
             self._from_fit = False
             self._time_model(trainer, pl_module, batch)
+        if self._epoch is not None and not self._epoch.first_batch_seen:
+            self._epoch.first_batch(self._waited())
 
     @override
     def on_train_batch_end(
@@ -205,6 +248,9 @@ class DataPipelineProfiler(Callback):
         batch_idx: int,
     ) -> None:
         self._batches += 1
+        if self._epoch is not None:
+            self._epoch.samples += samples_in_batch(batch)
+            self._epoch.batches += 1
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
         if trainer.global_step % every == 0 and trainer.global_step != self._last_logged_step:
             self._window()
@@ -213,25 +259,32 @@ class DataPipelineProfiler(Callback):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _stages.deactivate()  # validation fetches are not the training pipeline
+        if self._epoch is not None:
+            self._epoch.validation_started()
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._epoch is not None:
+            self._epoch.validation_ended()
         if trainer.training:
             self._activate_main()
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._window()  # before a new worker pool reuses rows
+        self._end_epoch()
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._window()
+        self._end_epoch()  # a fit stopped by max_steps inside an epoch
         _stages.deactivate()
+        workers = self._probes[0].workers if self._probes else 0
         if self.not_measured is not None and self._probes:  # a stream: ceilings from the fit
             per_process = self.totals.per_process_samples_per_sec()
-            processes = max(self._probes[0].workers, 1)
-            self.loader_ceiling = None if per_process is None else per_process * processes
-            self._conclude(trainer, self._probes[0].workers, per_process)
+            self.loader_ceiling = None if per_process is None else per_process * max(workers, 1)
+            self.verdict = verdict(self.loader_ceiling, self.model_ceiling, per_process)
+        self._check_against_run(trainer, workers)
         if trainer.global_step != self._last_logged_step:  # the unlogged tail, once
             self._log(trainer)
         if trainer.is_global_zero:
@@ -261,8 +314,11 @@ class DataPipelineProfiler(Callback):
         figures["trial_steps"] = self.trial_steps
         if self.not_measured is not None:
             figures["not_measured"] = self.not_measured
+        if self.run_check is not None:
+            figures["verdict_revisions"] = list(self.run_check.revisions)
+        figures["run_epochs"] = [_epoch_row(e) for e in self.epochs]
         if self.verdict is not None:
-            figures["verdict"] = self.verdict.message
+            figures["verdict"] = self.verdict_message()
             figures["bound"] = self.verdict.bound
             figures["workers_needed"] = self.verdict.workers_needed
             figures["per_worker_samples_per_sec"] = self.verdict.per_worker_samples_per_sec
@@ -306,32 +362,65 @@ class DataPipelineProfiler(Callback):
                 )
             )
         v = self.verdict
+        if v is not None and v.bound == "unknown":
+            found.append(
+                Finding(component="data", id="bound-unknown", message=v.message, severity="info")
+            )
         if v is not None and v.bound != "unknown":
-            fix = None
-            if v.bound == "data":
-                fix = (
-                    f"raise DataLoader(num_workers=...) to about {v.workers_needed} "
-                    "(persistent_workers=True) and/or cache the deterministic preprocessing "
-                    "with lightning_speedpack.CachedDataset"
-                    if v.workers_needed
-                    else "cache the deterministic preprocessing with CachedDataset"
-                )
             found.append(
                 Finding(
                     component="data",
                     id=f"{v.bound}-bound",
-                    message=v.message,
+                    message=self.verdict_message() or v.message,
                     location=self._location if v.bound == "data" else None,
                     figures={
                         "loader_ceiling_samples_per_sec": v.loader_samples_per_sec,
                         "model_ceiling_samples_per_sec": v.model_samples_per_sec,
                         "workers_needed": v.workers_needed,
                     },
-                    severity="warning" if v.bound == "data" else "info",
-                    fix=fix,
+                    severity=self._verdict_severity(v),
+                    fix=self._verdict_fix(v),
                 )
             )
         return found
+
+    def verdict_message(self) -> str | None:
+        """The verdict as the report states it: checked against the run when it could be."""
+        if self.run_check is not None:
+            return self.run_check.message
+        return None if self.verdict is None else self.verdict.message
+
+    def _verdict_severity(self, v: Verdict) -> Literal["info", "warning", "error"]:
+        """Data-bound is a warning; an error when the run waited more than it computed."""
+        if v.bound != "data":
+            return "info"
+        steady = self.run_check.steady if self.run_check is not None else None
+        return "error" if steady is not None and steady.wait_fraction > 0.5 else "warning"
+
+    def _verdict_fix(self, v: Verdict) -> str | None:
+        if v.bound == "data":
+            if v.transfer_note is not None:
+                return (
+                    "larger batches, or DataLoader(num_workers=0) when a sample is cheap to "
+                    "read (a cache): fewer handovers from worker processes per sample"
+                )
+            if v.instead is not None:
+                more = f"DataLoader(num_workers={v.workers_needed}); " if v.workers_needed else ""
+                return more + v.instead
+            if v.workers_needed:
+                return (
+                    f"raise DataLoader(num_workers=...) to about {v.workers_needed} "
+                    "(persistent_workers=True) and/or cache the deterministic preprocessing "
+                    "with lightning_speedpack.CachedDataset"
+                )
+            return "cache the deterministic preprocessing with CachedDataset"
+        check = self.run_check
+        if check is not None and check.filling_bound == "data" and self._ours_cached:
+            return (
+                "once per run the first epoch decodes while training; CachedDataset.fill() "
+                "before fit decodes in processes of its own instead"
+            )
+        return None
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -443,24 +532,21 @@ class DataPipelineProfiler(Callback):
             self.model_ceiling = samples / seconds if seconds > 0 else None
             self.trial_steps = 1 + self.model_steps
         except Exception as err:  # a probe must never end the fit
+            self._unmeasured.append(f"the model ceiling failed ({type(err).__name__}: {err})")
             rank_zero_warn(f"DataPipelineProfiler: the model ceiling was not measured: {err}")
 
     def _conclude(self, trainer: pl.Trainer, workers: int, per_worker: float | None) -> None:
         """State the verdict, publish it to the advisor, log both ceilings."""
         self.verdict = verdict(self.loader_ceiling, self.model_ceiling, per_worker)
+        if self.verdict.bound == "unknown":
+            if self.loader_ceiling is None and not self._unmeasured:
+                self._unmeasured.append(
+                    "the loader-ceiling probe timed no batch (the loader is shorter than its "
+                    "warm-up)"
+                )
+            self.verdict.reason = "; ".join(self._unmeasured) or None
         rank_zero_info(f"DataPipelineProfiler: {self.verdict.message}")
-        v = self.verdict
-        events.publish(
-            events.DATA_VERDICT,
-            events.DataVerdict(
-                v.bound,
-                v.loader_samples_per_sec,
-                v.model_samples_per_sec,
-                v.workers_needed,
-                v.per_worker_samples_per_sec,
-                workers,
-            ),
-        )
+        self._publish(self.verdict, workers)
         if trainer.is_global_zero:
             metrics = {
                 f"{self.prefix}loader_ceiling_samples_per_sec": self.loader_ceiling,
@@ -470,6 +556,79 @@ class DataPipelineProfiler(Callback):
             if values:
                 for logger in trainer.loggers:
                     logger.log_metrics(values, step=trainer.global_step)
+
+    @staticmethod
+    def _publish(
+        v: Verdict, workers: int, wait: float | None = None, wait_ms: float | None = None
+    ) -> None:
+        """Tell the advisor (its ``dataloader-workers`` finding follows the measured verdict)."""
+        events.publish(
+            events.DATA_VERDICT,
+            events.DataVerdict(
+                v.bound,
+                v.loader_samples_per_sec,
+                v.model_samples_per_sec,
+                v.workers_needed,
+                v.per_worker_samples_per_sec,
+                workers,
+                wait,
+                wait_ms,
+                v.cores is None and v.transfer_note is None,
+            ),
+        )
+
+    def _waited(self) -> float:
+        """Seconds the fit has spent inside its training loaders' ``next`` so far."""
+        return self._waited_closed + sum(p.next_seconds for p in self._probes)
+
+    def _end_epoch(self) -> None:
+        clock, self._epoch = self._epoch, None
+        if clock is None or clock.samples == 0:
+            return
+        processes = max(self._probes[0].workers, 1) if self._probes else 1
+        self.epochs.append(clock.finish(self._waited(), self._epoch_totals, processes))
+        self._epoch_totals = PipelineTotals()
+
+    def _check_against_run(self, trainer: pl.Trainer, workers: int) -> None:
+        """Check the probe's verdict against the run's epochs; publish what stands."""
+        local_ranks = max(1, int(trainer.world_size) // max(1, int(trainer.num_nodes)))
+        hits, misses = self.totals.cache_reads()
+        checked = check_verdict(
+            self.verdict,
+            self.epochs,
+            cores=loader_cores(cpu_count(), local_ranks),
+            workers=workers,
+            cached=hits + misses > 0,
+            slowest_stage=self._slowest_stage(),
+        )
+        if checked is None:
+            if self.verdict is not None and self.verdict.bound == "unknown":
+                self.verdict.reason = (
+                    f"{self.verdict.reason or 'a ceiling could not be measured'}, and the fit "
+                    "ran no training step to read it from"
+                )
+            return
+        self.run_check, self.verdict = checked, checked.verdict
+        self._ours_cached = any(_fillable(p.loader.dataset) for p in self._probes)
+        steady = checked.steady
+        waits = (steady.wait_fraction, steady.wait_ms_per_batch) if steady else (None, None)
+        self._publish(checked.verdict, workers, *waits)
+        rank_zero_info(f"DataPipelineProfiler, checked against the run: {checked.message}")
+
+    def _slowest_stage(self) -> tuple[str, float] | None:
+        """What to make cheaper: the collate function when it costs more than the fetches.
+
+        Else the named stage that costs most per call, the cache's fill excepted (once).
+        """
+        t = self.totals
+        if t.batches > 0 and t.collate_seconds > t.fetch_seconds:
+            return COLLATE, 1000.0 * t.collate_seconds / t.batches
+        costs = [
+            (name, 1000.0 * seconds / count)
+            for name, (seconds, count) in self.totals.stages.items()
+            if count > 0 and name != CACHE_MISS_STAGE
+        ]
+        return max(costs, key=lambda c: c[1]) if costs else None
 
     def _mark_all(self) -> None:
         """Start the fit's window here: what ran before (the probes) is not counted."""
@@ -501,6 +660,7 @@ class DataPipelineProfiler(Callback):
             self._waits[id(probe)] = (probe.wait_seconds, probe.waits)
         self.totals.merge(window)
         self._pending.merge(window)
+        self._epoch_totals.merge(window)
         return window
 
     def _log(self, trainer: pl.Trainer) -> None:
@@ -533,6 +693,8 @@ class DataPipelineProfiler(Callback):
             run.summary.update(summary)
 
     def _close(self, probe: LoaderProbe) -> None:
+        self._waited_closed += probe.next_seconds
+        probe.next_seconds = 0.0
         probe.restore()
         self._reads.pop(id(probe), None)
         self._waits.pop(id(probe), None)
@@ -555,6 +717,29 @@ def _fetch_location(dataset: Any) -> str | None:
     return None
 
 
+def _fillable(dataset: Any) -> bool:
+    """A CachedDataset (known by its methods: the X-ray does not import the cache's room)."""
+    return callable(getattr(dataset, "fill", None)) and callable(
+        getattr(dataset, "cache_info", None)
+    )
+
+
+def _epoch_row(e: EpochFigures) -> dict[str, Any]:
+    """One epoch of the run's evidence, for the JSON report."""
+    reads = e.hits + e.misses
+    return {
+        "epoch": e.epoch,
+        "seconds": round(e.seconds, 4),
+        "samples": e.samples,
+        "samples_per_sec": round(e.rate, 2),
+        "data_wait_fraction": round(e.wait_fraction, 4),
+        "model_samples_per_sec": round(e.model_rate, 2),
+        "loader_samples_per_sec": None if e.loader_rate is None else round(e.loader_rate, 2),
+        "cache_hit_rate": None if reads == 0 else round(e.hits / reads, 4),
+        "start_seconds": round(e.start_seconds, 4),
+    }
+
+
 def _doctor_factory(ctx: DoctorContext) -> DataPipelineProfiler:
     # The ceilings probe (a second worker pool, its warm-up, then model steps) costs a few
     # tenths of a second once per fit: most of the doctor's own cost on a short fit, so only
@@ -569,5 +754,6 @@ register_diagnostic(
     DataPipelineProfiler,
     factory=_doctor_factory,
     order=15,
-    deep_adds="the loader and model ceilings probe (the data-bound/model-bound verdict)",
+    deep_adds="the loader and model ceilings probed aside from the fit (without it, the verdict "
+    "comes from the run's own epochs)",
 )

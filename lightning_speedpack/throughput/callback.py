@@ -21,13 +21,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
+from lightning_speedpack.core import events
 from lightning_speedpack.core.batch import infer_batch_size
 from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.throughput import nvml as _nvml
-from lightning_speedpack.throughput.diagnosis import data_wait_findings, getitem_location
+from lightning_speedpack.throughput.diagnosis import (
+    DATA_WAIT_THRESHOLD,
+    data_wait_findings,
+    getitem_location,
+)
 from lightning_speedpack.throughput.metrics import metric_keys, run_figures, throughput_metrics
 from lightning_speedpack.throughput.options import check_args, describe
 from lightning_speedpack.throughput.rates import StepClock, WindowRates
@@ -181,6 +186,8 @@ class ThroughputLogger(Callback):
         self._sampler: _nvml.NvmlSampler | None = None
         self._flop_mode: Any = None
         self._getitem: Any = None  # the dataset's __getitem__, located only for a finding
+        self._verdicts: events.Subscription | None = None  # the data profiler's, if it runs
+        self._data_verdict: events.DataVerdict | None = None
 
     # ---- Lightning plumbing --------------------------------------------------------------
 
@@ -196,6 +203,7 @@ class ThroughputLogger(Callback):
         state["_sampler"] = None
         state["_flop_mode"] = None
         state["_getitem"] = None
+        state["_verdicts"] = None
         return state
 
     @override
@@ -226,6 +234,9 @@ class ThroughputLogger(Callback):
         self._last_logged_step = -1
         self._world_size = trainer.world_size
         self._global_zero = trainer.is_global_zero
+        self._data_verdict = None
+        self._close_verdicts()
+        self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_data_verdict)
         self._peak = _device_peak_flops(trainer)
         self._keys = metric_keys(self.prefix)
         self._size_fn = self.batch_size_fn or _batch_size
@@ -337,11 +348,21 @@ class ThroughputLogger(Callback):
     ) -> None:
         self._close_flop_mode()
         self._stop_sampler()
+        self._close_verdicts()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_flop_mode()
         self._stop_sampler()
+        self._close_verdicts()
+
+    def _on_data_verdict(self, verdict: events.DataVerdict) -> None:
+        self._data_verdict = verdict
+
+    def _close_verdicts(self) -> None:
+        if self._verdicts is not None:
+            self._verdicts.close()
+            self._verdicts = None
 
     # ---- doctor ----------------------------------------------------------------------------
 
@@ -356,7 +377,15 @@ class ThroughputLogger(Callback):
         return figures
 
     def doctor_findings(self) -> list[Finding]:
-        """A ``data-wait`` warning when more than 20% of the step time waits for data."""
+        """A ``data-wait`` warning when more than 20% of the step time waits for data.
+
+        The wait here is the time between two training batches, which also holds what other
+        callbacks do there. When the data profiler timed the loader itself, its figure
+        decides (:meth:`~lightning_speedpack.core.events.DataVerdict.confirms_data_wait`).
+        """
+        measured = self._data_verdict
+        if measured is not None and measured.confirms_data_wait(DATA_WAIT_THRESHOLD) is False:
+            return []
         return data_wait_findings(self.doctor_figures(), self._num_workers, self._locate_dataset)
 
     # ---- internals -------------------------------------------------------------------------

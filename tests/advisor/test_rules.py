@@ -254,7 +254,62 @@ def test_a_data_bound_run_with_workers_gets_the_finding() -> None:
 
 
 @pytest.mark.parametrize("verdict", [None, _measured("model"), _measured("data", workers=None)])
-def test_other_verdicts_leave_the_findings_alone(verdict: DataVerdict | None) -> None:
+def test_verdicts_without_the_runs_data_wait_leave_the_findings_alone(
+    verdict: DataVerdict | None,
+) -> None:
     loader = LoaderSettings("train_dataloader", num_workers=0, batch_size=16)
     found = _advice.check_dataloader_workers(loader, cpu_cores=2)
     assert _advice.with_measured_workers(found, verdict) == found
+
+
+def _model_bound_after_the_run(wait: float, ms: float = 5.0) -> DataVerdict:
+    return DataVerdict("model", 9000.0, 1200.0, None, 4500.0, 0, wait, ms)
+
+
+def test_add_workers_is_dropped_when_the_run_hardly_waited_for_data() -> None:
+    """Issue 29 (and 24's transformer example): 1% data wait, yet "add workers" was advised."""
+    loader = LoaderSettings("train_dataloader", num_workers=0, batch_size=16)
+    found = _advice.check_dataloader_workers(loader, cpu_cores=2)
+    assert [f.id for f in found] == ["dataloader-workers"]
+    assert _advice.with_measured_workers(found, _model_bound_after_the_run(0.01)) == []
+    # a real wait stays worth a worker (it would overlap the loading with the step) ...
+    assert _advice.with_measured_workers(found, _model_bound_after_the_run(0.2)) == found
+    # ... unless it is the loop's own bookkeeping between the steps of a tiny model
+    assert _advice.with_measured_workers(found, _model_bound_after_the_run(0.2, ms=0.3)) == []
+
+
+def test_a_data_bound_verdict_the_run_refuted_takes_its_workers_advice_with_it() -> None:
+    early = _advice.with_measured_workers([], _measured("data"))
+    assert [f.id for f in early] == ["dataloader-workers"]
+    assert _advice.with_measured_workers(early, _model_bound_after_the_run(0.3)) == []
+
+
+def test_too_many_workers_stays_whatever_the_verdict() -> None:
+    loader = LoaderSettings("train_dataloader", num_workers=8, batch_size=16)
+    found = _advice.check_dataloader_workers(loader, cpu_cores=2)
+    assert _advice.with_measured_workers(found, _model_bound_after_the_run(0.0)) == found
+
+
+def test_workers_that_cannot_close_the_gap_are_not_advised() -> None:
+    loader = LoaderSettings("train_dataloader", num_workers=0, batch_size=16)
+    found = _advice.check_dataloader_workers(loader, cpu_cores=2)
+    capped = DataVerdict("data", 150.0, 36000.0, 1, 150.0, 0, 0.9, 40.0, workers_close_gap=False)
+    assert _advice.with_measured_workers(found, capped) == []
+
+
+@pytest.mark.parametrize(
+    ("bound", "fraction", "ms", "kept"),
+    [
+        ("model", 0.03, 5.0, False),  # the loader hardly kept the step waiting
+        ("model", 0.30, 0.4, False),  # a tiny model's own loop between batches
+        ("model", 0.30, 5.0, True),  # a real wait a worker would overlap
+        ("data", 0.90, 40.0, False),  # the data-bound finding says it, with the fix
+        ("unknown", None, None, True),  # nothing measured: the advisor's own figure stands
+    ],
+)
+def test_data_wait_follows_the_loaders_measured_wait(
+    bound: str, fraction: float | None, ms: float | None, kept: bool
+) -> None:
+    wait = AdvisorFinding("data-wait", "error", "72% waits", "hooks", "fix")
+    measured = DataVerdict(bound, 1.0, 2.0, None, None, 0, fraction, ms)
+    assert (_advice.with_measured_wait([wait], measured) == [wait]) is kept

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from pytorch_lightning import LightningModule
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 
 from lightning_speedpack.core.stages import stage
 
@@ -136,3 +136,85 @@ class PipelineModel(LightningModule):
 
     def train_dataloader(self) -> DataLoader[Any]:
         return self.make_loader()
+
+
+class ColdDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A costly ``__getitem__`` (``cost`` s: a sleep, or a busy loop when ``spin``): a decode."""
+
+    def __init__(self, n: int, cost: float, spin: bool = False) -> None:
+        self.n, self.cost, self.spin = n, cost, spin
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.spin:  # computes: CPU time ~ wall time
+            end = time.process_time() + self.cost
+            while time.process_time() < end:
+                pass
+        else:  # waits: no CPU
+            time.sleep(self.cost)
+        return torch.full((4,), float(index)), torch.tensor(float(index))
+
+
+class StepModel(LightningModule):
+    """A linear model whose step takes ``step_sleep`` s; trains on whatever loader it is given."""
+
+    def __init__(self, loader: Any = None, step_sleep: float = 0.0) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.loader, self.step_sleep = loader, step_sleep
+        self.loaders_built = 0
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.step_sleep:
+            time.sleep(self.step_sleep)
+        return (self.layer(x).squeeze(-1) - y).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> Any:
+        self.loaders_built += 1
+        return self.loader() if callable(self.loader) else self.loader
+
+
+class TwoOptimizerGAN(LightningModule):
+    """Lightning's GAN pattern: manual optimization, two optimizers, ``toggle_optimizer``,
+    ``training_step(self, batch)`` without ``batch_idx``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = torch.nn.Linear(8, 16)
+        self.discriminator = torch.nn.Linear(16, 1)
+
+    def training_step(self, batch: Any) -> None:
+        (real,) = batch
+        opt_g, opt_d = self.optimizers()  # type: ignore[misc]
+        z = torch.randn(real.shape[0], 8)
+        self.toggle_optimizer(opt_g)
+        g_loss = -self.discriminator(self.generator(z)).mean()
+        self.manual_backward(g_loss)
+        opt_g.step()
+        opt_g.zero_grad()
+        self.untoggle_optimizer(opt_g)
+        self.toggle_optimizer(opt_d)
+        fake = self.generator(z).detach()
+        d_loss = self.discriminator(fake).mean() - self.discriminator(real).mean()
+        self.manual_backward(d_loss)
+        opt_d.step()
+        opt_d.zero_grad()
+        self.untoggle_optimizer(opt_d)
+        self.log("d_loss", d_loss)
+
+    def configure_optimizers(self) -> Any:
+        return [
+            torch.optim.Adam(self.generator.parameters(), lr=1e-3),
+            torch.optim.Adam(self.discriminator.parameters(), lr=1e-3),
+        ]
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(256, 16, generator=g)), batch_size=32)

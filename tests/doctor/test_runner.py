@@ -351,9 +351,10 @@ def _report_shape(report: Any) -> dict[str, Any]:
 EXPECTED_TWIN_FINDINGS = {
     ("sync_points", "sync-item", "train.py:24"),  # the `.item()` line
     ("loss_retention", "retained-graph", "train.kept"),
-    ("throughput", "data-wait", "train.py:12"),  # the `__getitem__` that waits
+    # the `__getitem__` that waits: the data profiler timed the wait itself, so it is stated
+    # once, in the verdict (ThroughputLogger's `data-wait` defers to it)
     ("data", "data-pipeline", "train.py:12"),  # the stage table, at the same fetch
-    ("data", "data-bound", "train.py:12"),  # the ceilings' verdict
+    ("data", "data-bound", "train.py:12"),  # the verdict, checked against the run
     ("advisor", "dataloader-workers", "train_dataloader"),
     ("advisor", "batch-size-multiple", "train_dataloader"),
 }
@@ -373,9 +374,9 @@ def test_a_lightning_script_gets_the_same_report_as_its_pytorch_lightning_twin(
     assert found >= EXPECTED_TWIN_FINDINGS  # the twins agree on a full report, not an empty one
     default = _run_as_a_user_would(_twin(tmp_path, "L"), deep=False)
     default_found = {(c, i, loc) for c, i, _sev, loc in _report_shape(default.report)["findings"]}
-    # Without --deep: everything but the ceilings' verdict, and the report says what it left out.
-    assert default_found >= EXPECTED_TWIN_FINDINGS - {("data", "data-bound", "train.py:12")}
-    assert ("data", "data-bound", "train.py:12") not in default_found
+    # Without --deep: no ceilings probe (the report says so), yet the verdict from the run's own
+    # epochs is there: the same findings.
+    assert default_found >= EXPECTED_TWIN_FINDINGS
     assert any(s.startswith("data: the loader and model ceilings") for s in default.report.skipped)
     assert shapes["L"]["runs"] == [(6 * 7, shapes["L"]["runs"][0][1])]
     assert {
