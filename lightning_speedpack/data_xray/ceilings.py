@@ -160,10 +160,8 @@ class Verdict:
             return text + (f"; instead: {self.instead}" if self.instead else "")
         if self.workers_needed is None or not per:
             return ""
-        text = (
-            f"; about {self.workers_needed} workers at the measured {per:,.0f} samples/s each "
-            "would close the gap"
-        )
+        workers = f"{self.workers_needed} worker{'s' if self.workers_needed != 1 else ''}"
+        text = f"; about {workers} at the measured {per:,.0f} samples/s each would close the gap"
         if self.more_than_cores and self.cpu_share is not None:
             text += (
                 f" (more workers than cores pay here: the fetch waits, CPU "

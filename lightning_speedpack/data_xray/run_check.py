@@ -258,46 +258,14 @@ def check_verdict(
     if not epochs:
         return None
     filling, steady = phases(epochs)
-    revisions: list[str] = []
-    achieved, run_model = steady.rate, steady.model_rate
-    loader = probe.loader_samples_per_sec if probe else None
-    model = probe.model_samples_per_sec if probe else None
-    run_loader = steady.loader_rate
-    if loader is not None and loader < achieved * REFUTED_BELOW:
-        where = "fit start" if filling is None else "fit start, cold cache"
-        revisions.append(
-            f"probe at {where}: loader {loader:,.0f} samples/s; the run consumed {achieved:,.0f}"
-        )
-        loader = None
-    if model is not None and model < run_model * REFUTED_BELOW:
-        revisions.append(
-            f"probe: model {model:,.0f} samples/s; the run's steps went at {run_model:,.0f}"
-        )
-        model = None
-    if loader is None or filling is not None:
-        loader = max(run_loader or 0.0, achieved) or None
-    if model is None:
-        model = run_model
-    bound = "data" if model > (loader or 0.0) * BOUND_MARGIN else "model"
-    if bound == "data" and steady.wait_fraction < DATA_WAIT_MIN:
-        if probe is not None and probe.bound == "data":
-            revisions.append(
-                f"the run waited for data {steady.wait_fraction:.0%} of its training time"
-            )
-        bound = "model"
-    transfer = False
-    idle = run_loader is not None and run_loader > IDLE_LOADER * achieved
-    if steady.wait_fraction >= DATA_WAIT_MANY and (bound == "model" or idle):
-        # The run waited for its batches a lot although the loading processes could deliver
-        # more than it got: the cost is between them and the step (the handover of batches
-        # from worker processes, the main process's own part of loading).
-        if probe is not None and probe.bound == "model":
-            revisions.append(
-                f"the run waited for data {steady.wait_fraction:.0%} of its training time"
-            )
-        bound, loader, transfer = "data", achieved, True
+    loader, model, revisions = _unrefuted(probe, steady, filling)
+    bound, transfer = _bound(loader, model, steady, workers)
+    if probe is not None and bound != probe.bound and not revisions:
+        revisions.append(f"the run waited for data {steady.wait_fraction:.0%} of its training time")
+    if bound == "data" and (transfer or (loader or 0.0) >= model):
+        loader = steady.rate  # the ceilings missed the wait: what reached the step
     if bound == "model":
-        model = run_model  # bound by the model: its pace in the run is the ceiling itself
+        model = steady.model_rate  # bound by the model: its pace in the run is the ceiling
     verdict = _steady_verdict(
         bound,
         loader,
@@ -311,7 +279,7 @@ def check_verdict(
     )
     if transfer:
         verdict.workers_needed, verdict.cores = None, None
-        verdict.transfer_note = _transfer_note(steady, workers)
+        verdict.transfer_note = _transfer_note(steady)
     filling_bound = None
     if filling is not None:
         cold_loader = filling.loader_rate or filling.rate
@@ -319,6 +287,52 @@ def check_verdict(
         filling_bound = "data" if data_cold else "model"
     probe_bound = probe.bound if probe is not None else None
     return RunVerdict(verdict, filling, filling_bound, revisions, steady, probe_bound)
+
+
+def _unrefuted(
+    probe: Verdict | None, steady: Phase, filling: Phase | None
+) -> tuple[float | None, float, list[str]]:
+    """The probe's loader and model figures where the run does not refute them, else the run's.
+
+    After a cache filled, the loader figure is the warm epochs' own (the probe read it cold).
+    """
+    revisions: list[str] = []
+    achieved, run_model = steady.rate, steady.model_rate
+    loader = probe.loader_samples_per_sec if probe else None
+    model = probe.model_samples_per_sec if probe else None
+    if loader is not None and loader < achieved * REFUTED_BELOW:
+        where = "fit start" if filling is None else "fit start, cold cache"
+        revisions.append(
+            f"probe at {where}: loader {loader:,.0f} samples/s; the run consumed {achieved:,.0f}"
+        )
+        loader = None
+    if model is not None and model < run_model * REFUTED_BELOW:
+        revisions.append(
+            f"probe: model {model:,.0f} samples/s; the run's steps went at {run_model:,.0f}"
+        )
+        model = None
+    if loader is None or filling is not None:
+        loader = max(steady.loader_rate or 0.0, achieved) or None
+    return loader, run_model if model is None else model, revisions
+
+
+def _bound(loader: float | None, model: float, steady: Phase, workers: int) -> tuple[str, bool]:
+    """``"data"``/``"model"``, and whether a data bound lies in the handover of batches.
+
+    The ceilings decide between 5% and 20% data wait; under 5% the run is not data-bound,
+    from 20% it is. When workers could deliver well over what reached the step, the time
+    goes in handing batches over from the worker processes (more workers would not help).
+    With ``num_workers=0`` loading and step alternate: a worker would overlap them.
+    """
+    wait = steady.wait_fraction
+    bound = "data" if model > (loader or 0.0) * BOUND_MARGIN else "model"
+    if wait < DATA_WAIT_MIN:
+        return "model", False
+    if wait < DATA_WAIT_MANY:
+        return bound, False
+    run_loader = steady.loader_rate
+    idle = run_loader is not None and run_loader > IDLE_LOADER * steady.rate
+    return "data", workers > 0 and (bound == "model" or idle)
 
 
 def _steady_verdict(
@@ -352,18 +366,12 @@ def _steady_verdict(
     return verdict
 
 
-def _transfer_note(steady: Phase, workers: int) -> str:
-    busy = steady.loader_rate or 0.0
-    if workers > 0:
-        return (
-            f"the workers could load {busy:,.0f} samples/s yet the step waited: the time goes "
-            "in handing batches from the worker processes to the training process; larger "
-            "batches, or num_workers=0 when a sample is cheap to read (e.g. from a cache), "
-            "remove that handover"
-        )
+def _transfer_note(steady: Phase) -> str:
     return (
-        f"loading alone runs at {busy:,.0f} samples/s yet the step waited: the time goes "
-        "between the loader and the step (the DataLoader's own per-batch work)"
+        f"the workers could load {steady.loader_rate or 0.0:,.0f} samples/s yet the step "
+        "waited: the time goes in handing batches from the worker processes to the training "
+        "process; larger batches, or num_workers=0 when a sample is cheap to read (e.g. from a "
+        "cache), remove that handover"
     )
 
 

@@ -327,3 +327,17 @@ def test_manual_optimization_gets_a_measured_verdict_and_its_fit_is_unchanged(
     assert profiler.verdict is not None
     assert profiler.verdict.bound in ("data", "model")
     assert not (profiler.verdict_message() or "").startswith("unknown")
+
+
+def test_zero_workers_waiting_a_third_of_the_time_are_told_one_worker() -> None:
+    """Fetch 3 ms and step 7 ms a batch, in turn: the loader alone outpaces the model, yet the
+    step waits 30% of the time; one worker would overlap the two (not a handover problem)."""
+    epochs = [epoch(k, 100, 0.3, per_process=333, processes=1, cpu_share=0.9) for k in range(3)]
+    checked = check_verdict(None, epochs, cores=1, workers=0, cached=False)
+    assert checked is not None
+    v = checked.verdict
+    assert v.bound == "data"
+    assert v.transfer_note is None
+    assert v.workers_needed == 1
+    assert v.loader_samples_per_sec == 100
+    assert "about 1 worker at the measured 333 samples/s" in v.message

@@ -631,6 +631,16 @@ def test_doctor_reports_throughput_and_a_data_wait_finding(tmp_path: Path) -> No
     assert figures["step_time_ms"] > 0
     points = figures["samples_per_sec_over_steps"]
     assert [step for step, _ in points] == [10, 20]
-    findings = [f for f in result.report.findings if f.component == "throughput"]
+    # With the data profiler beside it (the doctor's default), the wait it timed at the
+    # loader's `next` is stated once, in its verdict, at the same line:
+    ids = {(f.component, f.id): f for f in result.report.findings}
+    assert ("throughput", "data-wait") not in ids
+    bound = ids["data", "data-bound"]
+    assert bound.location == "train_slow.py:13"
+    assert "waited for data" in bound.message
+    # ThroughputLogger alone still says it
+    alone = run_script(script, only=["throughput"])
+    assert alone.exit_code == 0
+    findings = [f for f in alone.report.findings if f.component == "throughput"]
     assert [f.id for f in findings] == ["data-wait"]
     assert findings[0].location == "train_slow.py:13"
