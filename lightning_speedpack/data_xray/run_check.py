@@ -104,7 +104,15 @@ class EpochFigures:
 
 @dataclass
 class Phase:
-    """Consecutive epochs alike (filling the cache, or reading from it), summed."""
+    """Epochs alike (filling the cache, or reading from it), summed.
+
+    Example:
+        >>> a = EpochFigures(1, 1.0, 900, 0.1, busy_seconds=0.3, loaded_samples=900, processes=2)
+        >>> b = EpochFigures(2, 1.0, 1100, 0.1, busy_seconds=0.3, loaded_samples=1100, processes=2)
+        >>> p = Phase("warm", [a, b])
+        >>> p.label, p.rate, round(p.loader_rate), p.spread("rate")
+        ('epochs 2-3', 1000.0, 6667, (900.0, 1100.0))
+    """
 
     name: str  # "filling", "warm" or "run"
     epochs: list[EpochFigures]
@@ -175,7 +183,17 @@ class Phase:
 
 @dataclass
 class RunVerdict:
-    """The verdict after the run: what bounds it once the cache is warm, and what changed."""
+    """The verdict after the run: what bounds it once the cache is warm, and what changed.
+
+    Example:
+        >>> cold = EpochFigures(0, 4.1, 2000, 3.0, busy_seconds=8.0, loaded_samples=2000,
+        ...                     processes=2, misses=2000)
+        >>> warm = EpochFigures(1, 1.6, 2000, 0.02, busy_seconds=0.6, loaded_samples=2000,
+        ...                     processes=2, hits=2000)
+        >>> print(check_verdict(None, [cold, warm], cores=1, workers=2, cached=True).message)
+        epoch 1: data-bound while the cache fills (4.1 s, once); from epoch 2: model-bound: the
+        model consumes 1,266 samples/s, the loader could deliver 6,667 warm
+    """
 
     verdict: Verdict
     filling: Phase | None = None  # the epochs that filled a cache, when the run had such
@@ -399,6 +417,14 @@ class EpochClock:
     first fetch -- is kept apart: paid once an epoch, it is not the loader's pace), less
     validation run inside it; the samples the steps consumed; the data wait read from the
     loader's ``next`` (a running total passed in).
+
+    Example:
+        >>> clock = EpochClock(epoch=0, waited=0.0)
+        >>> clock.first_batch(waited=0.01)  # the wait for the first batch is the epoch's start
+        >>> clock.samples, clock.batches = 64, 2
+        >>> e = clock.finish(waited=0.01, totals=PipelineTotals(), processes=1)
+        >>> (e.samples, e.batches, e.data_wait_seconds)
+        (64, 2, 0.0)
     """
 
     def __init__(self, epoch: int, waited: float) -> None:

@@ -218,3 +218,16 @@ class TwoOptimizerGAN(LightningModule):
     def train_dataloader(self) -> DataLoader[Any]:
         g = torch.Generator().manual_seed(0)
         return DataLoader(TensorDataset(torch.randn(256, 16, generator=g)), batch_size=32)
+
+
+def fit(tmp_path: Any, model: Any, profiler: Any, **kw: Any) -> Any:
+    """A quiet ``Trainer`` fit of ``model`` with ``profiler`` (unless ``callbacks`` is given)."""
+    from pytorch_lightning import Trainer
+
+    from tests.helpers.models import quiet_trainer_kwargs
+
+    kwargs = quiet_trainer_kwargs(tmp_path, **kw)
+    kwargs.setdefault("callbacks", [profiler])
+    trainer = Trainer(**kwargs)
+    trainer.fit(model)
+    return trainer

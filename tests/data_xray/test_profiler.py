@@ -16,6 +16,7 @@ from lightning_speedpack.core import stages
 from lightning_speedpack.core.registry import registered_diagnostics
 from lightning_speedpack.data_xray.profiler import DataPipelineProfiler
 from tests.data_xray import pipeline_models as pm
+from tests.data_xray.pipeline_models import fit as _fit
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
 
@@ -47,14 +48,6 @@ class RecordingLogger(Logger):
 
 def _truth_ms(truth: torch.Tensor, total: int, count: int) -> float:
     return 1000.0 * float(truth[:, total].sum()) / float(truth[:, count].sum())
-
-
-def _fit(tmp_path: Path, model: Any, profiler: DataPipelineProfiler, **kw: Any) -> Trainer:
-    kwargs = quiet_trainer_kwargs(tmp_path, **kw)
-    kwargs.setdefault("callbacks", [profiler])
-    trainer = Trainer(**kwargs)
-    trainer.fit(model)
-    return trainer
 
 
 @pytest.mark.parametrize(

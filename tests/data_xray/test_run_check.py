@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pytorch_lightning import Trainer
 from torch.utils.data import DataLoader
 
 from lightning_speedpack.cache.cached_dataset import CachedDataset
@@ -15,6 +14,7 @@ from lightning_speedpack.data_xray.ceilings import Verdict, cpu_count
 from lightning_speedpack.data_xray.profiler import DataPipelineProfiler
 from lightning_speedpack.data_xray.run_check import EpochFigures, check_verdict, loader_cores
 from tests.data_xray import pipeline_models as pm
+from tests.data_xray.pipeline_models import fit as _fit
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import quiet_trainer_kwargs
 
@@ -153,14 +153,6 @@ def test_loader_cores_leave_the_training_process_its_core(
 
 
 # ------------------------------------------------------------------ checked in real fits
-def _fit(tmp_path: Path, model: Any, profiler: DataPipelineProfiler, **kw: Any) -> Any:
-    kwargs = quiet_trainer_kwargs(tmp_path, **kw)
-    kwargs.setdefault("callbacks", [profiler])
-    trainer = Trainer(**kwargs)
-    trainer.fit(model)
-    return trainer
-
-
 def _warnings(profiler: DataPipelineProfiler) -> list[str]:
     return [f.id for f in profiler.doctor_findings() if f.severity != "info"]
 
