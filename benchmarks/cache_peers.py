@@ -252,7 +252,10 @@ def arena_info(ds: Any) -> dict[str, Any]:
 
 
 def emit(tag: str, payload: dict[str, Any]) -> None:
-    print(f"{tag} {json.dumps(payload)}", flush=True)
+    # One write per line: two DDP ranks share the stdout pipe, and print() may split a long
+    # line into several writes that the other rank's line then interleaves.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), f"{tag} {json.dumps(payload)}\n".encode())
 
 
 # --------------------------------------------------------------------------------- children
@@ -449,9 +452,12 @@ def probe_construction() -> None:
 
 
 def gone(pids: Iterable[int]) -> bool:
+    # A zombie leader is not enough: its other threads may still be exiting, and hold the
+    # arena's liveness locks until they have (/proc/<pid>/status "Threads" counts them).
     for pid in pids:
         with contextlib.suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE or p.num_threads() > 1:
                 return False
     return True
 

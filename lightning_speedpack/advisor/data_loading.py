@@ -70,9 +70,8 @@ def with_measured_workers(
     the rule-of-thumb worker count of the ``dataloader-workers`` finding gives way to the
     measured one; a data-bound run with no such finding gets one. A model-bound verdict
     (also one revised at fit end, after an earlier data-bound one) removes the measured
-    finding, and the ``num_workers=0`` rule of thumb when the run waited for data under 5% of
-    its training time or under 1 ms a batch; "fewer workers than now" stays. An unknown
-    verdict changes nothing.
+    finding, and the ``num_workers=0`` rule of thumb once the verdict was checked against the
+    run; "fewer workers than now" stays. An unknown verdict changes nothing.
 
     Example:
         >>> v = DataVerdict("data", 300.0, 2400.0, workers_needed=6,
@@ -85,12 +84,11 @@ def with_measured_workers(
         return found
     if measured.bound == "model":
         # Measured: the loader keeps up. An earlier data-bound verdict the run then refuted
-        # goes; so does "add workers" for num_workers=0 when the run hardly waited for data
-        # (loading in the training process costs it nothing worth a process of its own).
-        fraction, ms = measured.data_wait_fraction, measured.data_wait_ms_per_batch
-        # under 1 ms a batch is the loop's own bookkeeping (a tiny model): no worker removes it
-        hardly = (fraction is not None and fraction < 0.05) or (ms is not None and ms < 1.0)
-        return [f for f in found if not (_measured_workers(f) or (hardly and _adds_workers(f)))]
+        # goes; so does "add workers" for num_workers=0 once the run itself was checked (its
+        # data wait timed at the loader): a model-bound run waited under 20% of its time, less
+        # than a worker's handover of each batch would cost on a machine this busy.
+        checked = measured.data_wait_fraction is not None
+        return [f for f in found if not (_measured_workers(f) or (checked and _adds_workers(f)))]
     if measured.bound == "data" and not measured.workers_close_gap:
         # Measured: workers on this rank's cores cannot feed the model. The data-bound
         # finding says what can; "add workers" here would promise what was measured not to be.
