@@ -284,6 +284,7 @@ class DataPipelineProfiler(Callback):
             per_process = self.totals.per_process_samples_per_sec()
             self.loader_ceiling = None if per_process is None else per_process * max(workers, 1)
             self.verdict = verdict(self.loader_ceiling, self.model_ceiling, per_process)
+            self._log_ceilings(trainer)
         self._check_against_run(trainer, workers)
         if trainer.global_step != self._last_logged_step:  # the unlogged tail, once
             self._log(trainer)
@@ -547,15 +548,20 @@ class DataPipelineProfiler(Callback):
             self.verdict.reason = "; ".join(self._unmeasured) or None
         rank_zero_info(f"DataPipelineProfiler: {self.verdict.message}")
         self._publish(self.verdict, workers)
-        if trainer.is_global_zero:
-            metrics = {
-                f"{self.prefix}loader_ceiling_samples_per_sec": self.loader_ceiling,
-                f"{self.prefix}model_ceiling_samples_per_sec": self.model_ceiling,
-            }
-            values = {k: float(v) for k, v in metrics.items() if v is not None}
-            if values:
-                for logger in trainer.loggers:
-                    logger.log_metrics(values, step=trainer.global_step)
+        self._log_ceilings(trainer)
+
+    def _log_ceilings(self, trainer: pl.Trainer) -> None:
+        """Both ceilings through every logger, once (rank 0)."""
+        if not trainer.is_global_zero:
+            return
+        metrics = {
+            f"{self.prefix}loader_ceiling_samples_per_sec": self.loader_ceiling,
+            f"{self.prefix}model_ceiling_samples_per_sec": self.model_ceiling,
+        }
+        values = {k: float(v) for k, v in metrics.items() if v is not None}
+        if values:
+            for logger in trainer.loggers:
+                logger.log_metrics(values, step=trainer.global_step)
 
     @staticmethod
     def _publish(
