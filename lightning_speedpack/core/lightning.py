@@ -44,6 +44,7 @@ __all__ = [
     "rank_zero_info",
     "rank_zero_only",
     "rank_zero_warn",
+    "takes_batch_idx",
 ]
 
 #: Every namespace the pack serves, in order of preference for namespace-free utilities.
@@ -131,6 +132,14 @@ def is_overridden(method_name: str, instance: object) -> bool:
     namespace = namespace_of(instance)
     helpers = importlib.import_module(f"{namespace.__name__}.utilities.model_helpers")
     return bool(helpers.is_overridden(method_name, instance))
+
+
+def takes_batch_idx(module: object) -> bool:
+    """Whether ``module.training_step`` takes ``batch_idx``: Lightning's own test for it."""
+    namespace = namespace_of(module)
+    signatures = importlib.import_module(f"{namespace.__name__}.utilities.signature_utils")
+    step = module.training_step  # type: ignore[attr-defined]
+    return bool(signatures.is_param_in_hook_signature(step, "batch_idx", min_args=2))
 
 
 def _preferred(module: str) -> ModuleType:

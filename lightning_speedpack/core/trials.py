@@ -20,11 +20,10 @@ training steps before the fit starts (e.g. measuring the model's own ceiling):
 from __future__ import annotations
 
 import copy
-import inspect
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,7 +37,7 @@ from lightning_speedpack.core.collectives import (
     bounded_all_reduce,
     collective_timeout,
 )
-from lightning_speedpack.core.lightning import combined_loader, is_overridden
+from lightning_speedpack.core.lightning import combined_loader, is_overridden, takes_batch_idx
 from lightning_speedpack.core.memory import free_memory, is_oom_error
 from lightning_speedpack.core.nested import leaves
 
@@ -316,7 +315,7 @@ def train_step(
     ``toggle_optimizer``) the step does its own backward and optimizer steps, as in the fit.
     ``training_step(self, batch)`` without ``batch_idx`` is called as Lightning calls it.
     """
-    args = (batch, batch_idx) if _takes_batch_idx(pl_module.training_step) else (batch,)
+    args = (batch, batch_idx) if takes_batch_idx(pl_module) else (batch,)
     with trainer.precision_plugin.train_step_context():
         out = pl_module.training_step(*args)
     if not pl_module.automatic_optimization:
@@ -328,22 +327,6 @@ def train_step(
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-
-
-def _takes_batch_idx(step: Callable[..., Any]) -> bool:
-    """Whether a ``training_step`` takes ``batch_idx`` (Lightning passes it only then)."""
-    try:
-        params = list(inspect.signature(step).parameters.values())
-    except (TypeError, ValueError):
-        return True
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
-        return True
-    positional = [
-        p
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    return len(positional) >= 2 or any(p.name == "batch_idx" for p in params)
 
 
 def time_training_steps(

@@ -65,8 +65,7 @@ class EpochFigures:
     busy_seconds: float = 0.0  # fetch + collate, summed over the loading processes
     loaded_samples: float = 0.0  # samples those processes loaded
     processes: int = 1  # loading processes: the workers, or the training process itself
-    cpu_seconds: float = 0.0  # CPU time of the fetches (0: not measured)
-    fetch_seconds: float = 0.0  # wall time of the same fetches (collate included)
+    cpu_seconds: float = 0.0  # compute time of those fetches and collates (0: not measured)
     hits: float = 0.0  # cache reads served from the cache
     misses: float = 0.0  # cache reads that decoded
     batches: int = 0  # training batches (steps) of the epoch
@@ -165,7 +164,7 @@ class Phase:
     @property
     def cpu_share(self) -> float | None:
         """CPU time over wall time of the fetches (None: not measured)."""
-        wall, cpu = self._sum("fetch_seconds"), self._sum("cpu_seconds")
+        wall, cpu = self._sum("busy_seconds"), self._sum("cpu_seconds")
         return cpu / wall if wall > 0 and cpu > 0 else None
 
     def spread(self, name: str) -> tuple[float, float] | None:
@@ -467,7 +466,6 @@ class EpochClock:
             loaded_samples=totals.samples,
             processes=processes,
             cpu_seconds=totals.fetch_cpu_seconds,
-            fetch_seconds=totals.busy_seconds,
             hits=hits,
             misses=misses,
             batches=self.batches,

@@ -42,7 +42,6 @@ def epoch(
         loaded_samples=samples,
         processes=processes,
         cpu_seconds=busy * cpu_share,
-        fetch_seconds=busy,
         hits=hits,
         misses=misses,
     )
