@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from lightning_speedpack.sync_points import SyncFinding, SyncPointError, SyncPointWarnings
     from lightning_speedpack.throughput import ThroughputLogger
     from lightning_speedpack.timeline import StepTimeline
+    from lightning_speedpack.wall_time import WallTimeLedger
 
 #: Public name -> the room (subpackage) that defines it.
 _ROOMS = {
@@ -78,6 +79,7 @@ _ROOMS = {
     "SyncPointError": "sync_points",
     "SyncPointWarnings": "sync_points",
     "ThroughputLogger": "throughput",
+    "WallTimeLedger": "wall_time",
     "stage": "data_xray",
 }
 
@@ -103,6 +105,7 @@ __all__ = [
     "SyncPointError",
     "SyncPointWarnings",
     "ThroughputLogger",
+    "WallTimeLedger",
     "__version__",
     "stage",
 ]

@@ -65,6 +65,7 @@ def test_every_public_callback_is_in_the_contract() -> None:
         "StepTimeline",
         "SyncPointWarnings",
         "ThroughputLogger",
+        "WallTimeLedger",
     ]
 
 

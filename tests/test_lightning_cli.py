@@ -19,6 +19,7 @@ from lightning_speedpack import (
     StepTimeline,
     SyncPointWarnings,
     ThroughputLogger,
+    WallTimeLedger,
 )
 from tests.helpers.namespaces import Namespace, each_namespace
 
@@ -84,6 +85,7 @@ CALLBACKS = """\
         probe_batches: 2
         model_steps: 1
         log_every_n_steps: 1
+    - class_path: lightning_speedpack.WallTimeLedger
 """
 
 
@@ -130,6 +132,7 @@ def test_every_callback_is_configurable_from_yaml(ns: Namespace, tmp_path: Path)
             StepTimeline,
             SyncPointWarnings,
             ThroughputLogger,
+            WallTimeLedger,
         )
     )
     assert all(isinstance(c, ns.Callback) for c in found.values())

@@ -98,6 +98,7 @@ TABLES: dict[str, tuple[str, ...]] = {
     "speedpack/advisor": ("id", "severity", "evidence", "fix", "location"),
     "speedpack/batch_size_trials": ("batch_size", "fits", "samples_per_sec", "chosen"),
     "speedpack/findings": ("severity", "component", "id", "message", "location", "fix"),
+    "speedpack/wall_time": ("part", "detail", "seconds", "fraction", "count"),
 }
 
 #: File the CSV logger's summary fields are merged into, beside ``metrics.csv``.

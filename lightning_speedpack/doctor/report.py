@@ -9,7 +9,23 @@ from typing import Any
 
 from lightning_speedpack.core.findings import Finding, Severity
 
-__all__ = ["Finding", "Report", "RunSummary", "Severity"]
+__all__ = ["Finding", "Report", "RunSummary", "Severity", "ordered"]
+
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def impact(finding: Finding) -> float:
+    """The finding's measured share of the run: of the wall time, else of the step (0: unknown)."""
+    for key in ("wall_fraction", "data_wait_fraction"):
+        value = finding.figures.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0
+
+
+def ordered(findings: list[Finding]) -> list[Finding]:
+    """Severity first, then measured impact (largest first); ties keep their order."""
+    return sorted(findings, key=lambda f: (_ORDER.get(f.severity, 3), -impact(f)))
 
 
 @dataclass
@@ -73,6 +89,8 @@ class Report:
             )
         if self.runs:
             console.print(runs)
+        for i, run in enumerate(self.runs):
+            _print_wall_time(console, i, run.figures.get("wall_time"))
         if self.skipped:
             console.print(
                 f"Left out (costlier; `speedpack doctor --deep` adds): {'; '.join(self.skipped)}."
@@ -83,8 +101,7 @@ class Report:
         table = Table(title="Findings", show_lines=True)
         for col in ("severity", "component / id", "finding", "where", "fix"):
             table.add_column(col, overflow="fold")
-        order = {"error": 0, "warning": 1, "info": 2}
-        for f in sorted(self.findings, key=lambda f: order.get(f.severity, 3)):
+        for f in ordered(self.findings):
             table.add_row(
                 f.severity, f"{f.component}/{f.id}", f.message, f.location or "", f.fix or ""
             )
@@ -101,3 +118,23 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
     return str(value)
+
+
+def _print_wall_time(console: Any, run: int, ledger: Any) -> None:
+    # The wall-time ledger's breakdown: where the run's seconds went, largest first.
+    if not isinstance(ledger, dict) or not ledger.get("total_s"):
+        return
+    from rich.table import Table
+
+    table = Table(title=f"Run {run}: where the wall time went ({ledger['total_s']:.2f} s)")
+    for col in ("part", "seconds", "share"):
+        table.add_column(col, justify="left" if col == "part" else "right")
+    parts = dict(ledger.get("parts", {}))
+    callbacks = ledger.get("callbacks", {})
+    parts.pop("callbacks", None)
+    parts.update({f"callback {name}": seconds for name, seconds in callbacks.items()})
+    total = ledger["total_s"]
+    for part, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
+        if seconds / total >= 0.001:
+            table.add_row(part, f"{seconds:.2f}", f"{seconds / total:.1%}")
+    console.print(table)

@@ -14,6 +14,7 @@ wrapper there, so every rank runs the same callbacks and their collectives match
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import resource
@@ -40,7 +41,7 @@ from lightning_speedpack.core.registry import (
     registered_diagnostics,
 )
 from lightning_speedpack.core.tables import log_fit_end, log_summary, merge_findings
-from lightning_speedpack.doctor.report import Finding, Report, RunSummary
+from lightning_speedpack.doctor.report import Finding, Report, RunSummary, ordered
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -56,6 +57,7 @@ TOOLS = (
     "lightning_speedpack.advisor.callback",
     "lightning_speedpack.timeline.callback",
     "lightning_speedpack.data_xray.profiler",
+    "lightning_speedpack.wall_time.callback",
 )
 
 
@@ -175,6 +177,7 @@ class DoctorSession:
         self.only = None if names is None else frozenset(names)
         self._attached: list[_Attached] = []
         self._originals: dict[type[Any], Any] = {}
+        self._fit_originals: dict[type[Any], Any] = {}
 
     @classmethod
     def from_environment(cls) -> DoctorSession:
@@ -222,6 +225,7 @@ class DoctorSession:
                 )
         for trainer_type in classes("Trainer"):
             self._originals[trainer_type] = self._wrap(trainer_type)
+            self._fit_originals[trainer_type] = self._wrap_fit(trainer_type)
 
     def _wrap(self, trainer_type: type[Any]) -> Any:
         original = trainer_type.__init__
@@ -235,11 +239,32 @@ class DoctorSession:
         trainer_type.__init__ = __init__
         return original
 
+    @staticmethod
+    def _wrap_fit(trainer_type: type[Any]) -> Any:
+        # The wall-time ledger's first hook comes after Lightning has set up the strategy and
+        # the process group: tell it when `fit` was entered, so that time is charged too.
+        original = trainer_type.fit
+
+        @functools.wraps(original)
+        def fit(trainer: pl.Trainer, *args: Any, **kwargs: Any) -> Any:
+            now = time.perf_counter()
+            for callback in trainer.callbacks:  # type: ignore[attr-defined]
+                entered = getattr(callback, "fit_entered", None)
+                if callable(entered):
+                    entered(now)
+            return original(trainer, *args, **kwargs)
+
+        trainer_type.fit = fit
+        return original
+
     def uninstall(self) -> None:
-        """Restore every wrapped ``Trainer.__init__`` (idempotent)."""
+        """Restore every wrapped ``Trainer.__init__`` and ``Trainer.fit`` (idempotent)."""
         for trainer_type, original in self._originals.items():
             trainer_type.__init__ = original
+        for trainer_type, original in self._fit_originals.items():
+            trainer_type.fit = original
         self._originals.clear()
+        self._fit_originals.clear()
 
     @contextmanager
     def installed(self) -> Iterator[DoctorSession]:
@@ -281,7 +306,7 @@ class DoctorSession:
                 if isinstance(callback, Diagnosable):
                     found.extend(_safe_findings(diagnostic, callback))
                     figures.update(callback.doctor_figures())
-            report.findings.extend(merge_findings(found))
+            report.findings.extend(ordered(merge_findings(found)))
             for run in attached.recorder.runs:
                 run.figures.update(figures)
                 report.runs.append(run)

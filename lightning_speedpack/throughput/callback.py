@@ -1,13 +1,15 @@
 """ThroughputLogger: the Lightning hooks that time each training step and log the rates.
 
 The hot path is what Lightning calls on every training batch: ``on_train_batch_start`` (one
-clock read) and ``on_train_batch_end`` (one clock read, the batch size, one
-:meth:`StepClock.tick <lightning_speedpack.throughput.rates.StepClock.tick>` into preallocated
-buffers, a countdown). Everything the hooks need is resolved once per fit (the batch-size,
-items and FLOPs functions, the logging cadence, the rank); ``trainer.global_step`` (a chain of
-properties) is read only on the batches where it can have reached a logging step. Logging
-steps do the rest: rates over the window, one small all-reduce under DDP, system statistics.
-The maths lives in :mod:`~lightning_speedpack.throughput.rates`, the W&B and system glue in
+store), ``on_train_batch_end`` (one clock read, the batch size, one :meth:`StepClock.tick
+<lightning_speedpack.throughput.rates.StepClock.tick>` into preallocated buffers, a countdown)
+and the :class:`~lightning_speedpack.throughput.fetch.FetchTimer` tapped onto
+``trainer.profiler`` (a suffix check per profiled action, one subtraction per fetch). Everything
+the hooks need is resolved once per fit (the batch-size, items and FLOPs functions, the logging
+cadence, the rank); ``trainer.global_step`` (a chain of properties) is read only on the batches
+where it can have reached a logging step. Logging steps do the rest: rates over the window, one
+small all-reduce under DDP, system statistics. The maths lives in
+:mod:`~lightning_speedpack.throughput.rates`, the W&B and system glue in
 :mod:`~lightning_speedpack.throughput.system`, the doctor's finding in
 :mod:`~lightning_speedpack.throughput.diagnosis`.
 """
@@ -26,6 +28,7 @@ from lightning_speedpack.core.batch import infer_batch_size
 from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
+from lightning_speedpack.core.profiler_tap import tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.throughput import nvml as _nvml
 from lightning_speedpack.throughput.diagnosis import (
@@ -33,6 +36,7 @@ from lightning_speedpack.throughput.diagnosis import (
     data_wait_findings,
     getitem_location,
 )
+from lightning_speedpack.throughput.fetch import FetchTimer
 from lightning_speedpack.throughput.metrics import metric_keys, run_figures, throughput_metrics
 from lightning_speedpack.throughput.options import check_args, describe
 from lightning_speedpack.throughput.rates import StepClock, WindowRates
@@ -62,15 +66,22 @@ class ThroughputLogger(Callback):
     r"""Log training throughput, the time spent waiting for data, MFU and GPU/CPU statistics.
 
     Use it to answer the first question of any speed-up: does a step's time go to waiting for
-    the DataLoader or to computing? It times the wall-clock intervals between Lightning's batch
-    hooks (``time.perf_counter``), never synchronises with the device, and sums over a window
-    of steps, which is exact in steady state even with asynchronous kernels. Validation time is
-    excluded. Under DDP nothing crosses ranks per step; on logging steps one all-reduce of a
-    small float64 tensor sums what each rank processed (the world's samples/s is the sum over
-    ranks, not rank 0 times the world size).
+    the DataLoader or to computing? A step's time is the wall-clock interval from one training
+    batch's end to the next (``time.perf_counter``); its data wait is the time spent inside the
+    DataLoader's fetch itself (the data fetcher's ``next``, which Lightning announces to
+    ``trainer.profiler`` whatever profiler the Trainer has), so what other callbacks do in their
+    batch hooks (a ``ModelCheckpoint`` saving every step, a slow ``on_train_batch_end``) is step
+    time, never data wait. It never synchronises with the device and sums over a window of
+    steps, which is exact in steady state even with asynchronous kernels. Validation time is
+    excluded. A profiler passed to the Trainer (``profiler="simple"``) still records everything
+    it records without the logger. Under DDP nothing crosses ranks per step; on logging steps
+    one all-reduce of a small float64 tensor sums what each rank processed (the world's
+    samples/s is the sum over ranks, not rank 0 times the world size).
 
-    Rank policy: measures on every rank; logs on rank 0 only, through every logger in
-    ``trainer.loggers`` at ``trainer.global_step`` (public ``Logger.log_metrics``).
+    Rank policy: measures on every rank (each rank listens to its own ``trainer.profiler`` from
+    ``setup`` until ``teardown`` or an exception, and leaves nothing on it afterwards); logs on
+    rank 0 only, through every logger in ``trainer.loggers`` at ``trainer.global_step`` (public
+    ``Logger.log_metrics``).
 
     ============================================  ================================================
     Key                                           Meaning
@@ -80,7 +91,8 @@ class ThroughputLogger(Callback):
     ``throughput/device/samples_per_sec``         samples/s per device (world / devices)
     ``throughput/items_per_sec``                  ``items_fn`` units/s (only with ``items_fn``)
     ``throughput/step_time_ms``                   mean step time (data wait included)
-    ``throughput/data_wait_ms``                   mean wait for the next batch per step
+    ``throughput/data_wait_ms``                   time inside the DataLoader's fetch (the
+                                                  fetcher's ``next``) per step
     ``throughput/data_wait_fraction``             data wait / step time over the window
     ``throughput/flops_per_sec``                  achieved FLOP/s (when FLOPs are known)
     ``throughput/mfu``                            FLOP/s over the devices' dense peak
@@ -186,6 +198,7 @@ class ThroughputLogger(Callback):
         self._sampler: _nvml.NvmlSampler | None = None
         self._flop_mode: Any = None
         self._getitem: Any = None  # the dataset's __getitem__, located only for a finding
+        self._fetches: FetchTimer | None = None  # tapped onto trainer.profiler during a fit
         self._verdicts: events.Subscription | None = None  # the data profiler's, if it runs
         self._data_verdict: events.DataVerdict | None = None
 
@@ -204,6 +217,7 @@ class ThroughputLogger(Callback):
         state["_flop_mode"] = None
         state["_getitem"] = None
         state["_verdicts"] = None
+        state["_fetches"] = None
         return state
 
     @override
@@ -243,6 +257,7 @@ class ThroughputLogger(Callback):
         self._items_fn = self.items_fn
         spec = self.flops_per_batch
         self._flops_fn = spec if callable(spec) else None
+        self._listen_to_fetches(trainer)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -284,7 +299,7 @@ class ThroughputLogger(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._clock.batch_start(perf_counter())
+        self._clock.batch_start()
         if self._count_flops:
             self._open_flop_mode()
 
@@ -349,12 +364,14 @@ class ThroughputLogger(Callback):
         self._close_flop_mode()
         self._stop_sampler()
         self._close_verdicts()
+        self._stop_listening(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_flop_mode()
         self._stop_sampler()
         self._close_verdicts()
+        self._stop_listening(trainer)
 
     def _on_data_verdict(self, verdict: events.DataVerdict) -> None:
         self._data_verdict = verdict
@@ -379,9 +396,10 @@ class ThroughputLogger(Callback):
     def doctor_findings(self) -> list[Finding]:
         """A ``data-wait`` warning when more than 20% of the step time waits for data.
 
-        The wait here is the time between two training batches, which also holds what other
-        callbacks do there. When the data profiler timed the loader itself, its figure
-        decides (:meth:`~lightning_speedpack.core.events.DataVerdict.confirms_data_wait`).
+        The wait here is the time spent inside the DataLoader's fetch, so what other callbacks
+        do between batches never raises it. When the data profiler ran beside it, its verdict
+        decides (:meth:`~lightning_speedpack.core.events.DataVerdict.confirms_data_wait`), so the
+        same wait is not reported twice.
         """
         measured = self._data_verdict
         if measured is not None and measured.confirms_data_wait(DATA_WAIT_THRESHOLD) is False:
@@ -463,6 +481,17 @@ class ThroughputLogger(Callback):
         if getitem is not None:
             self._dataset_location = getitem_location(getitem)
         return self._dataset_location
+
+    def _listen_to_fetches(self, trainer: pl.Trainer) -> None:
+        """Time the DataLoader's fetches through ``trainer.profiler`` until the fit ends."""
+        self._stop_listening(trainer)
+        self._fetches = FetchTimer(self._clock)
+        tap(trainer, self._fetches)
+
+    def _stop_listening(self, trainer: pl.Trainer) -> None:
+        fetches, self._fetches = self._fetches, None
+        if fetches is not None:
+            untap(trainer, fetches)
 
     def _stop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None

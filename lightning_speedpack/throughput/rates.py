@@ -158,11 +158,14 @@ def mfu(flops_per_sec: float, peak_flops_per_device: float | None, devices: int)
 
 
 class StepClock:
-    """Turns hook times into step intervals, excluding paused (validation) time.
+    """Turns batch ends and loader fetch times into steps, excluding paused (validation) time.
 
     A step's interval runs from the previous batch's end (or the epoch's start) to this
-    batch's end; its data wait is the part before ``batch_start``. Time between ``pause`` and
-    ``resume`` is removed from the clock, so validation never counts as training time.
+    batch's end. Its data wait is what :meth:`add_wait` reported since the previous batch's end
+    (or the epoch's start): the seconds spent inside the DataLoader's fetch, not a gap between
+    two hooks, so what other code does between batches counts as step time and never as
+    waiting for data. Time between ``pause`` and ``resume`` is removed from the clock, so
+    validation never counts as training time.
 
     Built for a per-step cost of a few stores: the last ``window`` steps live in preallocated
     ring buffers, and the run's totals (``samples``, ``batches``, ``items``, ``train_seconds``,
@@ -176,11 +179,12 @@ class StepClock:
     Example:
         >>> clock = StepClock(window=2)
         >>> clock.epoch_start(0.0)
-        >>> clock.batch_start(0.25)
+        >>> clock.add_wait(0.25)  # the DataLoader's fetch took 0.25 s
+        >>> clock.batch_start()
         >>> clock.batch_end(1.0, samples=8).data_wait
         0.25
         >>> clock.pause(1.0); clock.resume(5.0)  # validation: excluded
-        >>> clock.batch_start(5.0)
+        >>> clock.batch_start()
         >>> clock.batch_end(6.0, samples=8).seconds
         1.0
         >>> clock.window_rates().samples_per_sec, clock.samples
@@ -199,8 +203,9 @@ class StepClock:
         "_samples",
         "_seconds",
         "_size",
-        "_start",
+        "_started",
         "_stored",
+        "_wait",
         "_waits",
     )
 
@@ -220,30 +225,37 @@ class StepClock:
         self._offset = 0.0  # paused seconds so far
         self._paused_at: float | None = None
         self._last_end: float | None = None
-        self._start: float | None = None
+        self._started = False  # the open step's batch reached `batch_start`
+        self._wait = 0.0  # loader seconds reported for the open step
 
     # ---- per step ----------------------------------------------------------------------------
 
     def epoch_start(self, now: float) -> None:
-        """Mark the start of an epoch: the first batch's data wait is measured from here."""
+        """Mark the start of an epoch: the first batch's interval is measured from here."""
         self._last_end = now - self._offset
-        self._start = None
+        self._started = False
+        self._wait = 0.0
 
-    def batch_start(self, now: float) -> None:
-        """Mark that the DataLoader delivered the next batch."""
-        self._start = now - self._offset
+    def batch_start(self) -> None:
+        """Mark that the open step's batch reached the model (a step that never did is dropped)."""
+        self._started = True
+
+    def add_wait(self, seconds: float) -> None:
+        """Charge ``seconds`` spent waiting for the DataLoader to the open step."""
+        self._wait += seconds
 
     def tick(self, now: float, samples: int, items: int = 0, flops: float = 0.0) -> bool:
         """Close the step and put it in the window; False if it never started."""
         end = now - self._offset
         previous = self._last_end
-        start = self._start
+        started = self._started
+        wait = self._wait
         self._last_end = end
-        self._start = None
-        if previous is None or start is None:
+        self._started = False
+        self._wait = 0.0
+        if previous is None or not started:
             return False
         seconds = end - previous
-        wait = start - previous
         i = self._next
         self._seconds[i] = seconds if seconds > 0.0 else 0.0
         self._waits[i] = wait if wait > 0.0 else 0.0
@@ -291,7 +303,9 @@ class StepClock:
         self._take_in()
         self._next = self._pending = self._stored = 0
         self._offset = 0.0
-        self._paused_at = self._last_end = self._start = None
+        self._paused_at = self._last_end = None
+        self._started = False
+        self._wait = 0.0
 
     def set_totals(
         self,

@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import lightning_speedpack
 from lightning_speedpack import ThroughputLogger
+from lightning_speedpack.core import profiler_tap
 from lightning_speedpack.doctor.runner import run_script
 from lightning_speedpack.throughput import callback as throughput_module
 from lightning_speedpack.throughput import nvml as _nvml
@@ -185,15 +186,39 @@ def test_docstring_example_runs() -> None:
 # ---- measurements ------------------------------------------------------------------------
 
 
-def test_exact_values_with_a_mocked_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ticks = iter(float(i) for i in range(10_000))
+class TickingDataset(SleepyDataset):
+    """Moves the mocked clock: fetching a batch of ``batch_size`` items takes 1 s."""
 
-    # Each hook reads the clock once: epoch start t, batch start t+1, batch end t+2, ...
-    monkeypatch.setattr(throughput_module, "perf_counter", lambda: next(ticks))
+    def __init__(self, now: list[float], batch_size: int) -> None:
+        super().__init__()
+        self.now, self.step = now, 1.0 / batch_size
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.now[0] += self.step
+        return self.data[i]
+
+
+def test_exact_values_with_a_mocked_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+
+    def hook_read() -> float:
+        now[0] += 1.0
+        return now[0] - 1.0
+
+    # The logger's hooks read the clock once each and move it 1 s; the loader's fetch, heard at
+    # the profiler (which reads the clock without moving it), takes 1 s. Epoch start t, fetch
+    # t+1..t+2, batch end t+2, fetch t+3..t+4, batch end t+4, ...
+    monkeypatch.setattr(throughput_module, "perf_counter", hook_read)
+    monkeypatch.setattr(profiler_tap, "perf_counter", lambda: now[0])
+
+    class TickingModel(TimedModel):
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(TickingDataset(now, self.batch_size), batch_size=self.batch_size)
+
     logger = MemoryLogger()
     callback = ThroughputLogger(window=4, log_every_n_steps=4, gpu_stats=False)
     trainer = _trainer(tmp_path, callback, max_steps=8, logger=logger, limit_val_batches=0)
-    trainer.fit(TimedModel(batch_size=4))
+    trainer.fit(TickingModel(batch_size=4))
     assert [step for step, _ in logger.rows] == [4, 8]
     metrics = logger.rows[-1][1]
     assert metrics == {

@@ -74,10 +74,13 @@ def test_mfu() -> None:
 def test_step_clock_measures_wait_and_step() -> None:
     clock = StepClock(window=10)
     clock.epoch_start(10.0)
-    clock.batch_start(10.5)
+    clock.add_wait(0.5)
+    clock.batch_start()
     first = clock.batch_end(11.0, samples=4, items=40, flops=7.0)
     assert first == StepRecord(seconds=1.0, samples=4, items=40, data_wait=0.5, flops=7.0)
-    clock.batch_start(11.25)
+    clock.add_wait(0.125)  # two fetches for one step (a prefetch, a dataloader_iter step)
+    clock.add_wait(0.125)
+    clock.batch_start()
     second = clock.batch_end(13.0, samples=4)
     assert second == StepRecord(seconds=2.0, samples=4, data_wait=0.25)
     assert list(clock.window) == [first, second]
@@ -86,13 +89,14 @@ def test_step_clock_measures_wait_and_step() -> None:
 def test_step_clock_excludes_paused_time() -> None:
     clock = StepClock(window=10)
     clock.epoch_start(0.0)
-    clock.batch_start(0.0)
+    clock.batch_start()
     clock.batch_end(1.0, samples=1)
     clock.pause(1.0)
     clock.pause(2.0)  # idempotent: the first pause counts
     clock.resume(101.0)  # 100 s of validation
     clock.resume(200.0)  # a resume without a pause does nothing
-    clock.batch_start(1.5 + 100.0)
+    clock.add_wait(0.5)
+    clock.batch_start()
     record = clock.batch_end(2.0 + 100.0, samples=1)
     assert record == StepRecord(seconds=1.0, samples=1, data_wait=0.5)
 
@@ -101,20 +105,53 @@ def test_step_clock_window_evicts_oldest_and_reset_forgets() -> None:
     clock = StepClock(window=2)
     clock.epoch_start(0.0)
     for i in range(3):
-        clock.batch_start(float(i))
+        clock.batch_start()
         clock.batch_end(float(i + 1), samples=i + 1)
     assert [r.samples for r in clock.window] == [2, 3]
     clock.reset()
     assert len(clock.window) == 0
-    clock.batch_start(5.0)
+    clock.batch_start()
     assert clock.batch_end(6.0, samples=1) is None  # no epoch start after reset: no interval
 
 
 def test_step_clock_epoch_start_restarts_the_interval() -> None:
     clock = StepClock(window=4)
     clock.epoch_start(0.0)
-    clock.batch_start(0.0)
+    clock.batch_start()
     clock.batch_end(1.0, samples=1)
     clock.epoch_start(50.0)  # epoch-end work and validation before it do not count
-    clock.batch_start(50.5)
+    clock.add_wait(0.5)
+    clock.batch_start()
     assert clock.batch_end(51.0, samples=1) == StepRecord(seconds=1.0, samples=1, data_wait=0.5)
+
+
+def test_step_clock_wait_is_only_what_was_reported() -> None:
+    # Time between two batches that no fetch reported (other callbacks' hooks, a checkpoint
+    # save) is step time, not data wait.
+    clock = StepClock(window=4)
+    clock.epoch_start(0.0)
+    clock.add_wait(0.25)
+    clock.batch_start()
+    clock.batch_end(1.0, samples=1)
+    clock.batch_start()
+    assert clock.batch_end(3.0, samples=1) == StepRecord(seconds=2.0, samples=1, data_wait=0.0)
+    assert clock.wait_seconds == 0.25
+    assert clock.train_seconds == 3.0
+
+
+def test_step_clock_drops_a_wait_no_step_can_own() -> None:
+    clock = StepClock(window=4)
+    clock.epoch_start(0.0)
+    clock.add_wait(7.0)  # a batch that never reached the model (on_train_batch_start: -1)
+    assert clock.batch_end(1.0, samples=1) is None
+    clock.batch_start()
+    assert clock.batch_end(2.0, samples=1) == StepRecord(seconds=1.0, samples=1, data_wait=0.0)
+    clock.add_wait(5.0)  # before the next epoch's start: not the next epoch's first step
+    clock.epoch_start(10.0)
+    clock.batch_start()
+    assert clock.batch_end(11.0, samples=1) == StepRecord(seconds=1.0, samples=1, data_wait=0.0)
+    clock.add_wait(3.0)
+    clock.reset()
+    clock.epoch_start(20.0)
+    clock.batch_start()
+    assert clock.batch_end(21.0, samples=1) == StepRecord(seconds=1.0, samples=1, data_wait=0.0)

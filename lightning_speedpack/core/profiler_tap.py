@@ -1,0 +1,104 @@
+"""Listen to the actions Lightning times through ``trainer.profiler``, without replacing it.
+
+Lightning wraps every hook it calls (``[Callback]<state_key>.<hook>``,
+``[LightningModule]<class>.<hook>``, ``[Strategy]<class>.<hook>``), each training batch
+(``run_training_batch``), each epoch (``run_training_epoch``), each checkpoint save
+(``save_checkpoint``) and the DataLoader fetch itself
+(``[_TrainingEpochLoop].train_dataloader_next``, started and stopped by the data fetcher around
+its ``next``) in ``profiler.start(name)`` /
+``profiler.stop(name)``, whatever profiler the Trainer has (``PassThroughProfiler`` by default).
+That is the one place where every second of a fit is announced by name, so the pack's tools
+listen there instead of guessing from the gaps between their own hooks.
+
+A tap sets ``start`` and ``stop`` as *instance* attributes of the Trainer's profiler object:
+the profiler's class, its ``isinstance`` checks and its own timing are untouched (each listener
+runs before the profiler's own ``start`` and after its own ``stop``), and :func:`untap` removes
+the attributes when the last listener leaves. Several tools may listen to the same Trainer.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any, Protocol
+
+__all__ = ["ActionListener", "tap", "untap"]
+
+
+class ActionListener(Protocol):
+    """Something told of every profiled action: its name, start or stop, and the clock."""
+
+    def on_action(self, name: str, started: bool, now: float) -> None:
+        """Called when ``name`` starts (``started``) or stops, at ``perf_counter()`` ``now``."""
+        ...
+
+
+class _Tap:
+    """The instance-level ``start``/``stop`` of one profiler and who listens to them."""
+
+    def __init__(self, profiler: Any) -> None:
+        self.profiler = profiler
+        self.listeners: list[ActionListener] = []
+        # What the instance had before (usually nothing: the class's methods).
+        self._saved = {k: profiler.__dict__[k] for k in ("start", "stop") if k in profiler.__dict__}
+        self._start = profiler.start
+        self._stop = profiler.stop
+        profiler.start = self.start
+        profiler.stop = self.stop
+
+    def start(self, action_name: str) -> None:
+        now = perf_counter()
+        for listener in self.listeners:
+            listener.on_action(action_name, True, now)
+        self._start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self._stop(action_name)
+        now = perf_counter()
+        for listener in reversed(self.listeners):
+            listener.on_action(action_name, False, now)
+
+    def remove(self) -> None:
+        for key in ("start", "stop"):
+            if key in self._saved:
+                setattr(self.profiler, key, self._saved[key])
+            else:
+                self.profiler.__dict__.pop(key, None)
+
+
+_TAPS: dict[int, _Tap] = {}  # id(profiler) -> its tap, while anyone listens
+
+
+def tap(trainer: Any, listener: ActionListener) -> None:
+    """Tell ``listener`` of every action ``trainer.profiler`` times, until :func:`untap`.
+
+    Example:
+        >>> class Count:
+        ...     def __init__(self): self.n = 0
+        ...     def on_action(self, name, started, now): self.n += started
+        >>> from pytorch_lightning.profilers import PassThroughProfiler
+        >>> class T: profiler = PassThroughProfiler()
+        >>> trainer, count = T(), Count()
+        >>> tap(trainer, count)
+        >>> with trainer.profiler.profile("run_training_batch"): pass
+        >>> untap(trainer, count); count.n, "start" in vars(trainer.profiler)
+        (1, False)
+    """
+    profiler = trainer.profiler
+    entry = _TAPS.get(id(profiler))
+    if entry is None or entry.profiler is not profiler:
+        entry = _TAPS[id(profiler)] = _Tap(profiler)
+    if listener not in entry.listeners:
+        entry.listeners.append(listener)
+
+
+def untap(trainer: Any, listener: ActionListener) -> None:
+    """Stop telling ``listener``; the profiler gets its own methods back with the last one."""
+    profiler = getattr(trainer, "profiler", None)
+    entry = _TAPS.get(id(profiler))
+    if entry is None or entry.profiler is not profiler:
+        return
+    if listener in entry.listeners:
+        entry.listeners.remove(listener)
+    if not entry.listeners:
+        entry.remove()
+        del _TAPS[id(profiler)]

@@ -1,0 +1,473 @@
+"""WallTimeLedger: the whole fit's wall time, charged to what the run was doing.
+
+The ledger listens where Lightning already names every second of a fit: the actions it times
+through ``trainer.profiler`` (:mod:`~lightning_speedpack.core.profiler_tap`): each hook of each
+callback, the training batch, the DataLoader fetch, the copy to the device, each checkpoint
+save. Four places Lightning does not name are bracketed on the Trainer's own loop objects for
+the fit (instance attributes, removed at teardown or on an exception): the validation loop's
+``run`` (validation, or the sanity check), the fit loop's ``setup_data`` (building the train
+loader and starting its workers) and ``on_advance_start`` (an epoch begins), its ``on_run_end``
+(the end of fit), and the logger connector's ``log_metrics`` (the loggers' writes).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+import psutil
+from typing_extensions import override
+
+from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.lightning import Callback, classes
+from lightning_speedpack.core.profiler_tap import tap, untap
+from lightning_speedpack.core.registry import register_diagnostic
+from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
+from lightning_speedpack.wall_time.findings import RunSettings, ValidationRun, wall_findings
+from lightning_speedpack.wall_time.ledger import CALLBACK_PREFIX, PARTS, Ledger, part_of
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = ["WallTimeLedger"]
+
+_FETCH = "].train_dataloader_next"
+_TRANSFER = ".batch_to_device"
+_LOADER_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
+
+
+@dataclass
+class _Patch:
+    owner: Any
+    name: str
+    saved: Any  # the instance attribute it replaced, or _ABSENT
+
+    def undo(self) -> None:
+        if self.saved is _ABSENT:
+            with suppress(AttributeError):
+                delattr(self.owner, self.name)
+        else:
+            setattr(self.owner, self.name, self.saved)
+
+
+_ABSENT = object()
+
+
+class WallTimeLedger(Callback):
+    """Charge every second of ``fit`` to its cause: setup, epoch starts, steps, validation, ...
+
+    Use it to answer the first question of a slow run, *where does the time go?*, for the whole
+    fit and not only the training step. The parts (seconds and share of the wall time):
+
+    ==================  ========================================================================
+    ``setup``           from the start of fit (the ``setup`` hook, or ``fit`` itself under the
+                        doctor) to the first epoch, the loaders' ``*_dataloader()`` calls
+    ``sanity_check``    Lightning's validation sanity check, whatever runs inside it
+    ``epoch_start``     each epoch's start: starting the loader's workers, the first batch
+    ``data_wait``       inside the DataLoader's fetch (the fetcher's ``next``), after the first
+    ``batch_transfer``  Lightning's copy of the batch to the device (``batch_to_device``)
+    ``training_step``   ``run_training_batch``: forward, backward, optimizer step
+    ``validation``      the validation loop, without the checkpoints, logging and other
+                        callbacks' hooks that run inside it
+    ``checkpoint``      ``save_checkpoint`` and every hook of a checkpoint callback
+    ``logging``         the loggers' writes (``log_metrics``) and the progress bar's hooks
+    ``callbacks``       every other callback's hooks, per class (this one's and the pack's too)
+    ``end_of_fit``      from the end of the last epoch to ``teardown``
+    ``unaccounted``     Lightning's loop between all of the above
+    ==================  ========================================================================
+
+    Each part is exclusive (a checkpoint saved during validation is checkpointing, not
+    validation) and they sum to the span from the start to ``teardown``. Cheap enough to leave
+    on: two clock reads per action Lightning already times. At the end of fit it logs the
+    ``speedpack/wall_time`` table and ``speedpack/wall/<part>_fraction`` summary fields (rank 0,
+    every logger, see :mod:`lightning_speedpack.core.tables`), and gives the doctor findings for
+    the causes outside the step (validation, checkpoints, logging, epoch starts, a callback's
+    hooks, CPU threads, anomaly detection, a profiler left on, a tiny batch). Every rank keeps its
+    own ledger; the report is rank 0's.
+
+    Example:
+        >>> from pytorch_lightning import Trainer
+        >>> from pytorch_lightning.demos.boring_classes import BoringModel
+        >>> ledger = WallTimeLedger()
+        >>> trainer = Trainer(max_steps=4, callbacks=[ledger], logger=False,
+        ...                   enable_progress_bar=False, enable_model_summary=False,
+        ...                   enable_checkpointing=False, accelerator="cpu")
+        >>> trainer.fit(BoringModel())
+        >>> seconds = ledger.seconds()
+        >>> abs(sum(seconds.values()) - ledger.total_s) < 1e-9, seconds["training_step"] > 0
+        (True, True)
+    """
+
+    def __init__(self) -> None:
+        self._fit_entered: float | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ledger = Ledger()
+        self.validation_runs: list[ValidationRun] = []
+        self.epoch_starts: list[float] = []
+        self.settings: RunSettings | None = None
+        self.saves = 0
+        self.train_batches = 0
+        self._first_fetch = False  # the next fetch is the epoch's first
+        self._epoch_started = 0.0
+        self._keys: dict[str, tuple[str, str] | None] = {}  # action name -> (key, detail)
+        self._callback_keys: dict[str, str] = {}  # state_key -> ledger key
+        self._callbacks: dict[str, Any] = {}  # state_key -> callback
+        self._val: ValidationRun | None = None
+        self._patches: list[_Patch] = []
+        self._trainer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Runtime-only references (the Trainer, the patches) are never pickled.
+        state = self.__dict__.copy()
+        state.update(_patches=[], _trainer=None, _keys={}, _callbacks={})
+        return state
+
+    # ---- the public view -----------------------------------------------------------------
+
+    @property
+    def total_s(self) -> float:
+        """The seconds the ledger has charged (the whole span once fit has ended)."""
+        return self.ledger.total_s
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per part (:data:`~lightning_speedpack.wall_time.ledger.PARTS` order)."""
+        out = dict.fromkeys(PARTS, 0.0)
+        for key, value in self.ledger.seconds.items():
+            out[part_of(key)] += value
+        return out
+
+    def callback_seconds(self) -> dict[str, float]:
+        """Seconds of each other callback's hooks, by class name, largest first."""
+        mine = {
+            key[len(CALLBACK_PREFIX) :]: value
+            for key, value in self.ledger.seconds.items()
+            if key.startswith(CALLBACK_PREFIX)
+        }
+        return dict(sorted(mine.items(), key=lambda kv: -kv[1]))
+
+    def fractions(self) -> dict[str, float]:
+        """Share of the wall time per part (0 when nothing was measured)."""
+        total = self.total_s
+        return {k: (v / total if total > 0 else 0.0) for k, v in self.seconds().items()}
+
+    def fit_entered(self, now: float) -> None:
+        """Start the ledger at ``now`` (a ``perf_counter()``), when ``Trainer.fit`` was entered.
+
+        The doctor calls this so the ledger also counts what Lightning does before the first
+        hook (the strategy's environment, the process group, ``prepare_data``).
+        """
+        self._fit_entered = now
+
+    # ---- Lightning hooks -----------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        now = perf_counter()
+        start = self._fit_entered_from(now)
+        self._reset()  # a new fit, a new ledger
+        self._trainer = trainer
+        self.ledger.open(start, "setup")
+        self._callbacks = {cb.state_key: cb for cb in trainer.callbacks}  # type: ignore[attr-defined]
+        self._callback_keys = {key: _callback_key(cb) for key, cb in self._callbacks.items()}
+        self._install(trainer)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.settings = RunSettings.read(trainer, cores=_cores())
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self.train_batches += 1
+        if self.train_batches == 1 and self.settings is not None:
+            with suppress(BatchSizeError):
+                self.settings.batch_size = infer_batch_size(batch)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._val is None:
+            return
+        self._val.batches += 1
+        try:
+            self._val.samples += infer_batch_size(batch)
+        except BatchSizeError:
+            self._val.samples += 1
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        log_fit_end(trainer, self)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._finish(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._finish(trainer)
+
+    # ---- the profiler's actions ----------------------------------------------------------
+
+    def on_action(self, name: str, started: bool, now: float) -> None:
+        """Charge a profiled action (see :mod:`~lightning_speedpack.core.profiler_tap`)."""
+        if name.endswith(_FETCH):
+            self._on_fetch(started, now, name)
+            return
+        if name in self._keys:
+            found = self._keys[name]
+        else:
+            found = self._keys[name] = self._key_of(name)
+        if found is None:
+            return
+        key, detail = found
+        if started:
+            if key == "batch_transfer" and self.ledger.top in ("validation", "sanity_check"):
+                return  # the validation loop's own copy is validation
+            if name == "save_checkpoint":
+                self.saves += 1
+            self.ledger.enter(now, key, token=name, detail=detail)
+        else:
+            self.ledger.leave(now, name)
+
+    def _on_fetch(self, started: bool, now: float, name: str) -> None:
+        if started:
+            self.ledger.enter(now, "epoch_start" if self._first_fetch else "data_wait", token=name)
+            return
+        self.ledger.leave(now, name)
+        if self._first_fetch:
+            self._first_fetch = False
+            self.epoch_starts.append(now - self._epoch_started)
+            self.ledger.switch(now, "unaccounted")
+
+    def _key_of(self, name: str) -> tuple[str, str] | None:
+        if name == "run_training_batch":
+            return "training_step", ""
+        if name == "save_checkpoint":
+            return "checkpoint", "save_checkpoint"
+        kind, _, rest = name.partition("]")
+        target, _, hook = rest.rpartition(".")
+        if kind == "[Callback":
+            if hook in ("on_save_checkpoint", "on_load_checkpoint"):
+                return "checkpoint", hook
+            callback = self._callbacks.get(target)
+            if callback is not None and not _overrides(callback, hook):
+                return None  # Lightning's empty default: a bracket would only cost time
+            return self._callback_keys.get(target) or _key_from_state(target), hook
+        if kind == "[Strategy" and hook == _TRANSFER[1:]:
+            return "batch_transfer", ""
+        if kind in ("[LightningModule", "[LightningDataModule") and hook in _LOADER_HOOKS:
+            return "setup", hook
+        return None
+
+    # ---- brackets on the Trainer's loops -------------------------------------------------
+
+    def _install(self, trainer: pl.Trainer) -> None:
+        tap(trainer, self)
+        fit_loop = trainer.fit_loop
+        self._wrap(fit_loop, "setup_data", self._bracketed("epoch_start", "setup_data"))
+        self._wrap(fit_loop, "on_advance_start", self._before(self._epoch_begins))
+        self._wrap(fit_loop, "on_run_end", self._before(self._fit_loop_ends))
+        self._wrap(fit_loop.epoch_loop.val_loop, "run", self._validation)
+        connector = getattr(trainer, "_logger_connector", None)
+        if connector is not None and hasattr(connector, "log_metrics"):
+            self._wrap(connector, "log_metrics", self._bracketed("logging", "log_metrics"))
+
+    def _wrap(self, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Any]) -> None:
+        original = getattr(owner, name, None)
+        if original is None:
+            return  # another Lightning version: that part goes to its neighbour
+        saved = owner.__dict__.get(name, _ABSENT)
+        setattr(owner, name, functools.wraps(original)(wrapper(original)))
+        self._patches.append(_Patch(owner, name, saved))
+
+    def _bracketed(self, key: str, token: str) -> Callable[[Callable[..., Any]], Any]:
+        ledger = self.ledger
+
+        def wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+            def bracketed(*args: Any, **kwargs: Any) -> Any:
+                ledger.enter(perf_counter(), key, token=token, detail=token)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    ledger.leave(perf_counter(), token)
+
+            return bracketed
+
+        return wrapper
+
+    @staticmethod
+    def _before(mark: Callable[[], None]) -> Callable[[Callable[..., Any]], Any]:
+        def wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+            def marked(*args: Any, **kwargs: Any) -> Any:
+                mark()
+                return original(*args, **kwargs)
+
+            return marked
+
+        return wrapper
+
+    def _epoch_begins(self) -> None:
+        now = perf_counter()
+        self.ledger.switch(now, "epoch_start")
+        self._first_fetch, self._epoch_started = True, now
+
+    def _fit_loop_ends(self) -> None:
+        self._first_fetch = False
+        self.ledger.switch(perf_counter(), "end_of_fit")
+
+    def _validation(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            sanity = bool(getattr(self._trainer, "sanity_checking", False))
+            key = "sanity_check" if sanity else "validation"
+            start = perf_counter()
+            self.ledger.enter(start, key, token="val_loop.run")
+            self._val = None if sanity else ValidationRun()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                end = perf_counter()
+                self.ledger.leave(end, "val_loop.run")
+                if self._val is not None:
+                    self._val.seconds = end - start
+                    self.validation_runs.append(self._val)
+                self._val = None
+
+        return run
+
+    def _finish(self, trainer: pl.Trainer) -> None:
+        self.ledger.close(perf_counter())
+        for patch in reversed(self._patches):
+            patch.undo()
+        self._patches.clear()
+        untap(trainer, self)
+        self._trainer = None
+
+    def _fit_entered_from(self, now: float) -> float:
+        entered, self._fit_entered = self._fit_entered, None
+        return entered if entered is not None and entered <= now else now
+
+    # ---- the report ----------------------------------------------------------------------
+
+    def rows(self) -> list[list[Any]]:
+        """The ``speedpack/wall_time`` table: part, detail, seconds, fraction, count."""
+        total = self.total_s
+        seconds = self.seconds()
+        rows: list[list[Any]] = []
+        for part in PARTS:
+            if part == "callbacks":
+                for name, value in self.callback_seconds().items():
+                    rows.append(["callbacks", name, round(value, 4), _share(value, total), None])
+                continue
+            detail, count = self._detail(part)
+            rows.append(
+                [part, detail, round(seconds[part], 4), _share(seconds[part], total), count]
+            )
+        return rows
+
+    def _detail(self, part: str) -> tuple[str, int | None]:
+        if part == "validation" and self.validation_runs:
+            runs = self.validation_runs
+            batches, samples = sum(r.batches for r in runs), sum(r.samples for r in runs)
+            return f"{len(runs)} runs, {batches} batches, {samples} samples", len(runs)
+        if part == "epoch_start":
+            return f"{len(self.epoch_starts)} epochs", len(self.epoch_starts)
+        if part == "checkpoint":
+            return f"{self.saves} saves", self.saves
+        if part == "training_step":
+            return f"{self.train_batches} batches", self.train_batches
+        return "", None
+
+    def log_tables(self, trainer: pl.Trainer) -> None:
+        """Log ``speedpack/wall_time`` and ``speedpack/wall/<part>_fraction`` (rank 0)."""
+        if self.ledger.started is None:
+            return
+        log_table(trainer, "speedpack/wall_time", list(TABLES["speedpack/wall_time"]), self.rows())
+        fields: dict[str, Any] = {
+            f"speedpack/wall/{part}_fraction": round(share, 4)
+            for part, share in self.fractions().items()
+        }
+        fields["speedpack/wall/total_s"] = round(self.total_s, 3)
+        log_summary(trainer, fields)
+
+    def doctor_figures(self) -> dict[str, Any]:
+        """``{"wall_time": {"total_s", "parts", "fractions", "callbacks", ...}}``."""
+        if self.ledger.started is None:
+            return {}
+        return {
+            "wall_time": {
+                "total_s": round(self.total_s, 4),
+                "parts": {k: round(v, 4) for k, v in self.seconds().items()},
+                "fractions": {k: round(v, 4) for k, v in self.fractions().items()},
+                "callbacks": {k: round(v, 4) for k, v in self.callback_seconds().items()},
+                "validation_runs": len(self.validation_runs),
+                "epoch_starts_s": [round(s, 4) for s in self.epoch_starts],
+                "checkpoint_saves": self.saves,
+            }
+        }
+
+    def doctor_findings(self) -> list[Finding]:
+        """The causes outside the training step, each with its share of the wall time."""
+        if self.ledger.started is None:
+            return []
+        return wall_findings(self)
+
+
+def _share(value: float, total: float) -> float:
+    return round(value / total, 4) if total > 0 else 0.0
+
+
+def _callback_key(callback: Any) -> str:
+    if isinstance(callback, classes("callbacks.Checkpoint")):
+        return "checkpoint"
+    if isinstance(callback, classes("callbacks.ProgressBar")):
+        return "logging"
+    return CALLBACK_PREFIX + type(callback).__name__
+
+
+def _overrides(callback: Any, hook: str) -> bool:
+    """Whether ``callback``'s class defines ``hook`` itself (not Lightning's empty default)."""
+    mine = getattr(type(callback), hook, None)
+    return all(mine is not getattr(base, hook, None) for base in classes("Callback"))
+
+
+def _key_from_state(state_key: str) -> str:
+    # A callback added after setup: its state key starts with its class's qualified name.
+    return CALLBACK_PREFIX + state_key.partition("{")[0].rpartition(".")[2]
+
+
+def _cores() -> int:
+    with suppress(AttributeError, NotImplementedError, psutil.Error):
+        return max(1, len(psutil.Process().cpu_affinity() or []))
+    return max(1, psutil.cpu_count() or 1)
+
+
+def _doctor_factory(ctx: Any) -> WallTimeLedger:
+    return WallTimeLedger()
+
+
+register_diagnostic("wall_time", WallTimeLedger, factory=_doctor_factory, order=5)

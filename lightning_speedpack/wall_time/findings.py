@@ -1,0 +1,362 @@
+"""Findings for the causes outside the training step, each with its measured share of the wall.
+
+Thresholds (share of the fit's wall time, from the issue that asked for them): validation over
+25%, checkpointing over 10%, logging and progress bars over 5%, repeated epoch starts over 10%,
+one callback's hooks over 5%. Settings that slow every step whatever they cost here (more CPU
+threads than cores, anomaly detection, a profiler, a batch of a few samples) are read from the
+run and carry the training steps' measured share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from lightning_speedpack.core.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from lightning_speedpack.wall_time.callback import WallTimeLedger
+
+__all__ = [
+    "CALLBACK_SHARE",
+    "CHECKPOINT_SHARE",
+    "EPOCH_START_SHARE",
+    "LOGGING_SHARE",
+    "SMALL_BATCH",
+    "VALIDATION_SHARE",
+    "RunSettings",
+    "ValidationRun",
+    "wall_findings",
+]
+
+VALIDATION_SHARE = 0.25
+CHECKPOINT_SHARE = 0.10
+LOGGING_SHARE = 0.05
+EPOCH_START_SHARE = 0.10
+CALLBACK_SHARE = 0.05
+#: batches of fewer samples are "too small to use the device" (by rule: not measured)
+SMALL_BATCH = 8
+_COMPONENT = "wall_time"
+_HEAVY_PROFILERS = ("AdvancedProfiler", "PyTorchProfiler", "XLAProfiler")
+
+
+@dataclass
+class ValidationRun:
+    """One run of the validation loop: its seconds, batches and samples."""
+
+    seconds: float = 0.0
+    batches: int = 0
+    samples: int = 0
+
+
+@dataclass
+class RunSettings:
+    """The settings of the run that the findings name, read once at ``on_train_start``."""
+
+    cores: int = 1
+    threads: int = 1
+    local_processes: int = 1
+    workers: int = 0
+    persistent_workers: bool = False
+    anomaly: bool = False
+    deterministic: bool = False
+    profiler: str | None = None
+    device: str = "cpu"
+    log_every_n_steps: int = 50
+    val_check_interval: Any = 1.0
+    check_val_every_n_epoch: Any = 1
+    limit_val_batches: Any = 1.0
+    progress_refresh: int | None = None
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    batch_size: int | None = None
+
+    @classmethod
+    def read(cls, trainer: Any, *, cores: int) -> RunSettings:
+        """Read the settings from ``trainer`` (and torch's global switches) now."""
+        loader = _train_loader(trainer)
+        profiler = type(trainer.profiler).__name__
+        bar = trainer.progress_bar_callback
+        return cls(
+            cores=cores,
+            threads=torch.get_num_threads(),
+            local_processes=int(getattr(trainer.strategy, "num_processes", 1) or 1),
+            workers=int(getattr(loader, "num_workers", 0) or 0),
+            persistent_workers=bool(getattr(loader, "persistent_workers", False)),
+            anomaly=torch.is_anomaly_enabled(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            profiler=None if profiler == "PassThroughProfiler" else profiler,
+            device=trainer.strategy.root_device.type,
+            log_every_n_steps=trainer.log_every_n_steps,
+            val_check_interval=trainer.val_check_interval,
+            check_val_every_n_epoch=trainer.check_val_every_n_epoch,
+            limit_val_batches=trainer.limit_val_batches,
+            progress_refresh=getattr(bar, "refresh_rate", None) if bar is not None else None,
+            checkpoints=[_checkpoint_settings(cb) for cb in trainer.checkpoint_callbacks],
+        )
+
+
+def _train_loader(trainer: Any) -> Any:
+    loaders = trainer.train_dataloader
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        loaders = loaders[0] if loaders else None
+    return loaders
+
+
+def _checkpoint_settings(callback: Any) -> dict[str, Any]:
+    return {
+        "every_n_train_steps": getattr(callback, "_every_n_train_steps", None),
+        "every_n_epochs": getattr(callback, "_every_n_epochs", None),
+        "save_top_k": getattr(callback, "save_top_k", None),
+        "save_weights_only": getattr(callback, "save_weights_only", None),
+        "save_last": getattr(callback, "save_last", None),
+    }
+
+
+def wall_findings(ledger: WallTimeLedger) -> list[Finding]:
+    """Every finding the ledger's figures and the run's settings support, largest share first."""
+    shares = ledger.fractions()
+    settings = ledger.settings or RunSettings()
+    found = [
+        *_validation(ledger, shares["validation"], settings),
+        *_checkpoint(ledger, shares["checkpoint"], settings),
+        *_logging(ledger, shares["logging"], settings),
+        *_epoch_starts(ledger, shares["epoch_start"], settings),
+        *_callbacks(ledger),
+        *_settings(ledger, shares["training_step"], settings),
+    ]
+    return sorted(found, key=lambda f: -float(f.figures.get("wall_fraction", 0.0)))
+
+
+def _finding(
+    id_: str,
+    message: str,
+    share: float,
+    seconds: float,
+    fix: str,
+    severity: Severity = "warning",
+    **figures: Any,
+) -> Finding:
+    return Finding(
+        _COMPONENT,
+        id_,
+        message,
+        figures={"wall_fraction": round(share, 4), "seconds": round(seconds, 3), **figures},
+        severity=severity,
+        fix=fix,
+    )
+
+
+def _validation(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+    if share <= VALIDATION_SHARE:
+        return []
+    runs = ledger.validation_runs
+    seconds = ledger.seconds()["validation"]
+    batches = sum(r.batches for r in runs)
+    samples = sum(r.samples for r in runs)
+    each = seconds / len(runs) if runs else 0.0
+    return [
+        _finding(
+            "validation-time",
+            f"validation took {share:.0%} of the wall time ({seconds:.1f} s): {len(runs)} runs "
+            f"of the validation loop, {batches} batches, {samples} samples, {each:.2f} s each",
+            share,
+            seconds,
+            "validate less often or on fewer batches: `Trainer(val_check_interval=...)` (now "
+            f"{s.val_check_interval!r}), `check_val_every_n_epoch` (now "
+            f"{s.check_val_every_n_epoch!r}), `limit_val_batches` (now {s.limit_val_batches!r})",
+            runs=len(runs),
+            batches=batches,
+            samples=samples,
+        )
+    ]
+
+
+def _checkpoint(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+    if share <= CHECKPOINT_SHARE:
+        return []
+    seconds = ledger.seconds()["checkpoint"]
+    saves = ledger.saves
+    each = f", {seconds / saves:.2f} s each" if saves else ""
+    now = "; ".join(
+        ", ".join(f"{k}={v!r}" for k, v in cfg.items() if v is not None) for cfg in s.checkpoints
+    )
+    return [
+        _finding(
+            "checkpoint-time",
+            f"saving checkpoints took {share:.0%} of the wall time ({seconds:.1f} s, "
+            f"{saves} saves{each})",
+            share,
+            seconds,
+            "save less often or less: `ModelCheckpoint(every_n_train_steps=...)` or "
+            "`every_n_epochs`, a smaller `save_top_k`, `save_weights_only=True`"
+            + (f" (now {now})" if now else ""),
+            saves=saves,
+        )
+    ]
+
+
+def _logging(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+    if share <= LOGGING_SHARE:
+        return []
+    seconds = ledger.seconds()["logging"]
+    loggers = sum(v for (k, d), v in ledger.ledger.details.items() if d == "log_metrics")
+    bars = max(0.0, seconds - loggers)
+    refresh = f" (now {s.progress_refresh})" if s.progress_refresh is not None else ""
+    return [
+        _finding(
+            "logging-time",
+            f"logging took {share:.0%} of the wall time ({seconds:.1f} s): the loggers' writes "
+            f"{loggers:.1f} s, the progress bar {bars:.1f} s",
+            share,
+            seconds,
+            f"log less often: `Trainer(log_every_n_steps=...)` (now {s.log_every_n_steps}); "
+            "`self.log(..., sync_dist=False)` for per-step values; a slower progress bar "
+            f"refresh: `TQDMProgressBar(refresh_rate=...)`{refresh}",
+            loggers_s=round(loggers, 3),
+            progress_bar_s=round(bars, 3),
+        )
+    ]
+
+
+def _epoch_starts(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+    starts = ledger.epoch_starts
+    if share <= EPOCH_START_SHARE or not starts:
+        return []
+    seconds = ledger.seconds()["epoch_start"]
+    repeated = len(starts) > 1 and s.workers > 0 and not s.persistent_workers
+    mean = seconds / len(starts)
+    if repeated:
+        return [
+            _finding(
+                "epoch-start-time",
+                f"starting epochs took {share:.0%} of the wall time ({seconds:.1f} s over "
+                f"{len(starts)} epochs, {mean:.2f} s each): the DataLoader starts its "
+                f"{s.workers} workers again at every epoch",
+                share,
+                seconds,
+                "keep the workers between epochs: `DataLoader(..., persistent_workers=True)`",
+                epochs=len(starts),
+            )
+        ]
+    return [
+        _finding(
+            "epoch-start-time",
+            f"starting epochs took {share:.0%} of the wall time ({seconds:.1f} s over "
+            f"{len(starts)} epochs): the loader's first batch, paid once per epoch",
+            share,
+            seconds,
+            "make the dataset's first item cheap (open files lazily in each worker) or train "
+            "longer per epoch",
+            severity="info",
+            epochs=len(starts),
+        )
+    ]
+
+
+def _callbacks(ledger: WallTimeLedger) -> list[Finding]:
+    total = ledger.total_s
+    out = []
+    for name, seconds in ledger.callback_seconds().items():
+        share = seconds / total if total > 0 else 0.0
+        if share <= CALLBACK_SHARE:
+            continue
+        hooks = sorted(
+            ((d, v) for (k, d), v in ledger.ledger.details.items() if k == f"callback:{name}"),
+            key=lambda kv: -kv[1],
+        )
+        top = ", ".join(f"{hook} {v:.1f} s" for hook, v in hooks[:3])
+        out.append(
+            _finding(
+                "callback-time",
+                f"the hooks of callback {name} took {share:.0%} of the wall time "
+                f"({seconds:.1f} s: {top})",
+                share,
+                seconds,
+                f"make {name}'s hooks cheaper (run its work every N steps, or off the training "
+                "thread), or remove it from `Trainer(callbacks=...)`",
+                callback=name,
+            )
+        )
+    return out
+
+
+def _settings(ledger: WallTimeLedger, step_share: float, s: RunSettings) -> list[Finding]:
+    seconds = ledger.seconds()["training_step"]
+    steps = f"training steps took {step_share:.0%} of the wall time"
+    out = []
+    if s.threads * s.local_processes > s.cores:
+        per_rank = max(1, s.cores // s.local_processes)
+        out.append(
+            _finding(
+                "cpu-threads",
+                f"torch runs {s.threads} CPU threads x {s.local_processes} process(es) on "
+                f"{s.cores} cores: the threads take turns on the cores ({steps})",
+                step_share,
+                seconds,
+                f"`torch.set_num_threads({per_rank})` (or `OMP_NUM_THREADS={per_rank}`): at most "
+                "this process's share of the cores",
+                threads=s.threads,
+                cores=s.cores,
+            )
+        )
+    if s.anomaly:
+        out.append(
+            _finding(
+                "anomaly-detection",
+                f"autograd anomaly detection is on: every backward op keeps a traceback and "
+                f"is checked for NaN ({steps})",
+                step_share,
+                seconds,
+                "`Trainer(detect_anomaly=False)`: turn it on only to find where a NaN appears",
+            )
+        )
+    if s.profiler is not None:
+        heavy = s.profiler in _HEAVY_PROFILERS
+        out.append(
+            _finding(
+                "profiler-on",
+                f"{s.profiler} is on for the whole fit"
+                + (": it traces every call of every step" if heavy else "")
+                + f" ({steps})",
+                step_share,
+                seconds,
+                "`Trainer(profiler=None)` once you have the profile, or profile a few steps "
+                "(`speedpack doctor` and StepTimeline's trace window)",
+                severity="warning" if heavy else "info",
+                profiler=s.profiler,
+            )
+        )
+    if s.deterministic:
+        out.append(
+            _finding(
+                "deterministic",
+                "deterministic algorithms are on: on a GPU some ops (scatter, index_add, "
+                f"cuDNN convolutions) run slower kernels ({steps})",
+                step_share,
+                seconds,
+                "`Trainer(deterministic=False)` unless bit-exact reruns are required",
+                severity="info",
+            )
+        )
+    if s.batch_size is not None and s.batch_size < SMALL_BATCH:
+        per_step = seconds / ledger.train_batches * 1000 if ledger.train_batches else 0.0
+        out.append(
+            _finding(
+                "small-batch",
+                f"batches of {s.batch_size} samples: the per-step cost (Python, the optimizer, "
+                f"kernel launches) is paid for every {s.batch_size} samples ({steps}, "
+                f"{per_step:.1f} ms per step; by rule, not measured: how the step time "
+                "changes with the batch was not tried)",
+                step_share,
+                seconds,
+                "a larger `DataLoader(batch_size=...)` (e.g. 32, or the largest that fits: "
+                "`BatchSizeTuner`), scaling the learning rate with it",
+                batch_size=s.batch_size,
+                measured=False,
+            )
+        )
+    return out

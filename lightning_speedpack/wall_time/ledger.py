@@ -1,0 +1,141 @@
+"""The wall-time ledger: every second between two instants charged to exactly one part.
+
+A :class:`Ledger` keeps a stack of open brackets (a checkpoint save, a callback's hook, a
+validation loop) over an *ambient* part (what the run is doing between brackets: setting up,
+starting an epoch, Lightning's loop). At every event the time since the previous event goes to
+the innermost open bracket, or to the ambient part when none is open, so the parts are exclusive
+and their sum is the span from the first event to the last: nothing is counted twice and nothing
+falls through. Some parts absorb what opens inside them (a checkpoint's ``on_save_checkpoint``
+hooks are checkpointing; everything in the sanity check is the sanity check).
+
+The ledger knows nothing of Lightning; :mod:`~lightning_speedpack.wall_time.callback` feeds it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+__all__ = ["ABSORBING", "PARTS", "Ledger", "part_of"]
+
+#: The ledger's parts, in the order a fit meets them (``callback:<Class>`` parts come per class).
+PARTS = (
+    "setup",
+    "sanity_check",
+    "epoch_start",
+    "data_wait",
+    "batch_transfer",
+    "training_step",
+    "validation",
+    "checkpoint",
+    "logging",
+    "callbacks",
+    "end_of_fit",
+    "unaccounted",
+)
+
+#: Parts whose nested brackets are charged to them (a save's hooks are the save).
+ABSORBING = frozenset({"checkpoint", "sanity_check"})
+
+CALLBACK_PREFIX = "callback:"
+
+
+def part_of(key: str) -> str:
+    """The part a ledger key belongs to: ``callback:<Class>`` keys are ``callbacks``."""
+    return "callbacks" if key.startswith(CALLBACK_PREFIX) else key
+
+
+@dataclass
+class _Frame:
+    key: str  # the ledger key charged while this frame is innermost
+    detail: str  # finer label (a hook name), for the callbacks' breakdown
+    token: str  # what closes it (the action name)
+
+
+@dataclass
+class Ledger:
+    """Exclusive wall time per key, from :meth:`open` to :meth:`close`.
+
+    Example:
+        >>> ledger = Ledger()
+        >>> ledger.open(0.0, "setup")
+        >>> ledger.enter(1.0, "checkpoint", token="save")
+        >>> ledger.enter(1.5, "callback:Mine", token="hook")  # absorbed by the checkpoint
+        >>> ledger.leave(2.0, "hook"); ledger.leave(3.0, "save")
+        >>> ledger.switch(3.0, "unaccounted"); ledger.close(4.0)
+        >>> dict(ledger.seconds), ledger.total_s
+        ({'setup': 1.0, 'checkpoint': 2.0, 'unaccounted': 1.0}, 4.0)
+    """
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    #: seconds per (key, detail), e.g. ("callback:Mine", "on_train_batch_end")
+    details: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    started: float | None = None
+    ended: float | None = None
+    _ambient: str = "setup"
+    _stack: list[_Frame] = field(default_factory=list)
+    _last: float = 0.0
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the ledger is counting (opened and not yet closed)."""
+        return self.started is not None and self.ended is None
+
+    @property
+    def top(self) -> str:
+        """The key charged right now: the innermost bracket's, else the ambient part."""
+        return self._stack[-1].key if self._stack else self._ambient
+
+    @property
+    def total_s(self) -> float:
+        """The seconds charged so far (``close`` to have the whole span)."""
+        return sum(self.seconds.values())
+
+    def open(self, now: float, ambient: str = "setup") -> None:
+        """Start counting at ``now`` with ``ambient`` as the part between brackets."""
+        self.started, self.ended, self._last, self._ambient = now, None, now, ambient
+        self._stack.clear()
+
+    def enter(self, now: float, key: str, *, token: str, detail: str = "") -> None:
+        """Open a bracket charged to ``key`` (or to the enclosing absorbing part)."""
+        if not self.is_open:
+            return
+        self._charge(now)
+        if self._stack and self._stack[-1].key in ABSORBING:
+            key, detail = self._stack[-1].key, self._stack[-1].detail
+        self._stack.append(_Frame(key, detail, token))
+        self.counts[key] += 1
+
+    def leave(self, now: float, token: str) -> None:
+        """Close the innermost bracket if ``token`` opened it (unbalanced closes are ignored)."""
+        if not self.is_open or not self._stack or self._stack[-1].token != token:
+            return
+        self._charge(now)
+        self._stack.pop()
+
+    def switch(self, now: float, ambient: str) -> None:
+        """From ``now`` on, time outside any bracket is charged to ``ambient``."""
+        if not self.is_open:
+            return
+        self._charge(now)
+        self._ambient = ambient
+
+    def close(self, now: float) -> None:
+        """Stop counting at ``now``; brackets still open are charged up to ``now``."""
+        if not self.is_open:
+            return
+        self._charge(now)
+        self._stack.clear()
+        self.ended = now
+
+    def _charge(self, now: float) -> None:
+        elapsed = now - self._last
+        self._last = now
+        if self._stack:
+            frame = self._stack[-1]
+            self.seconds[frame.key] += elapsed
+            if frame.detail:
+                self.details[(frame.key, frame.detail)] += elapsed
+        else:
+            self.seconds[self._ambient] += elapsed

@@ -1,0 +1,384 @@
+"""WallTimeLedger on real fits: planted slow parts land in their own part and get their finding.
+
+Each planted cause is a ``time.sleep`` of known length, so "charged to X" is checked as "X got
+at least the planted seconds, and the part it used to be blamed on got far less": lower bounds
+that load on the machine cannot break.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_speedpack import WallTimeLedger
+from lightning_speedpack.core.tables import TABLES, csv_file_name
+from lightning_speedpack.wall_time.ledger import PARTS
+from tests.helpers.models import quiet_trainer_kwargs
+from tests.helpers.namespaces import NAMESPACE_IDS, Namespace, each_namespace, load
+
+NAP = 0.02  # seconds each planted sleep lasts
+
+
+@functools.cache
+def _model(name: str) -> type[Any]:
+    """A SizedBoringModel whose checkpoint saves and validation steps take known time."""
+    base = load(name).SizedBoringModel
+
+    class Planted(base):  # type: ignore[misc, valid-type]
+        def __init__(
+            self, save_nap: float = 0.0, val_nap: float = 0.0, batch_size: int = 8, **kw: Any
+        ) -> None:
+            super().__init__(batch_size=batch_size, **kw)
+            self.save_nap, self.val_nap = save_nap, val_nap
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            out = super().training_step(batch, batch_idx)
+            self.log("train_loss", out["loss"])  # what the loggers write
+            return out
+
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            time.sleep(self.save_nap)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> Any:
+            time.sleep(self.val_nap)
+            return super().validation_step(batch, batch_idx)
+
+    Planted.__qualname__ = f"Planted_{NAMESPACE_IDS[name]}"
+    return Planted
+
+
+def _slow_callback(ns: Namespace) -> Any:
+    class SlowCallback(ns.Callback):  # type: ignore[misc, name-defined]
+        def on_train_batch_end(self, *args: Any) -> None:
+            time.sleep(NAP)
+
+    return SlowCallback()
+
+
+def _fit(ns: Namespace, tmp_path: Path, model: Any, callbacks: list[Any], **kw: Any) -> Any:
+    ledger = WallTimeLedger()
+    trainer = ns.Trainer(callbacks=[ledger, *callbacks], **quiet_trainer_kwargs(tmp_path, **kw))
+    start = time.perf_counter()
+    ledger.fit_entered(start)  # as the doctor does
+    trainer.fit(model)
+    return ledger, trainer, time.perf_counter() - start
+
+
+def _ids(ledger: WallTimeLedger) -> list[str]:
+    return [f.id for f in ledger.doctor_findings() if f.severity == "warning"]
+
+
+@each_namespace
+def test_a_slow_callback_and_slow_checkpoints_are_charged_to_themselves(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    checkpoint = ns.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    ledger, _, wall = _fit(
+        ns,
+        tmp_path,
+        _model(ns.name)(save_nap=NAP),
+        [_slow_callback(ns), checkpoint],
+        max_steps=8,
+        limit_val_batches=0,
+        enable_checkpointing=True,
+    )
+    seconds = ledger.seconds()
+    assert ledger.saves == 8
+    assert seconds["checkpoint"] >= 8 * NAP
+    assert ledger.callback_seconds()["SlowCallback"] >= 8 * NAP
+    assert seconds["data_wait"] < 8 * NAP / 4  # neither is blamed on the loader
+    assert sum(seconds.values()) == pytest.approx(ledger.total_s)
+    assert abs(ledger.total_s - wall) <= 0.02 * wall  # the whole fit, within 2%
+    findings = {f.id: f for f in ledger.doctor_findings()}
+    assert findings["callback-time"].figures["callback"] == "SlowCallback"
+    assert "on_train_batch_end" in findings["callback-time"].message
+    assert "every_n_train_steps=1" in (findings["checkpoint-time"].fix or "")
+    shares = [f.figures["wall_fraction"] for f in ledger.doctor_findings()]
+    assert shares == sorted(shares, reverse=True)  # largest share first
+
+
+@each_namespace
+def test_validation_is_charged_with_its_runs_batches_and_samples(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    ledger, _, _ = _fit(
+        ns,
+        tmp_path,
+        _model(ns.name)(val_nap=NAP, batch_size=4, length=32),
+        [],
+        max_epochs=1,
+        val_check_interval=2,
+        limit_val_batches=3,
+        num_sanity_val_steps=0,
+    )
+    runs = ledger.validation_runs
+    assert len(runs) == 4  # 8 training batches, validation every 2
+    assert [(r.batches, r.samples) for r in runs] == [(3, 12)] * 4
+    assert ledger.seconds()["validation"] >= 12 * NAP
+    (finding,) = [f for f in ledger.doctor_findings() if f.id == "validation-time"]
+    assert finding.figures["runs"] == 4
+    assert finding.figures["samples"] == 48
+    assert "val_check_interval" in (finding.fix or "")
+    assert "now 2" in (finding.fix or "")
+
+
+def test_the_sanity_check_is_its_own_part(tmp_path: Path) -> None:
+    ns = load("pytorch_lightning")
+    ledger, _, _ = _fit(
+        ns,
+        tmp_path,
+        _model(ns.name)(val_nap=NAP),
+        [],
+        limit_train_batches=2,
+        limit_val_batches=2,
+        num_sanity_val_steps=2,
+    )
+    assert ledger.seconds()["sanity_check"] >= 2 * NAP
+    assert ledger.validation_runs[0].batches > 0  # the end-of-epoch validation, not the check
+
+
+@each_namespace
+def test_a_slow_logger_is_charged_to_logging(ns: Namespace, tmp_path: Path) -> None:
+    class SlowLogger(ns.sub("loggers").Logger):  # type: ignore[misc, name-defined]
+        name, version = "slow", 0
+
+        @property
+        def experiment(self) -> None:
+            return None
+
+        def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+            time.sleep(NAP)
+
+    ledger, _, _ = _fit(
+        ns,
+        tmp_path,
+        _model(ns.name)(),
+        [],
+        max_steps=8,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+        logger=SlowLogger(),
+    )
+    assert ledger.seconds()["logging"] >= 8 * NAP
+    (finding,) = [f for f in ledger.doctor_findings() if f.id == "logging-time"]
+    assert finding.figures["loggers_s"] >= 8 * NAP
+    assert "log_every_n_steps" in (finding.fix or "")
+
+
+def _sleepy_worker(_: int) -> None:
+    time.sleep(0.3)
+
+
+def _worker_model(ns: Namespace, persistent: bool) -> Any:
+    class WorkerModel(_model(ns.name)):  # type: ignore[misc]
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(
+                ns.RandomDataset(32, 16),
+                batch_size=8,
+                num_workers=1,
+                persistent_workers=persistent,
+                worker_init_fn=_sleepy_worker,
+            )
+
+    return WorkerModel()
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["restarted", "persistent"])
+def test_workers_started_again_at_every_epoch_get_the_persistent_workers_fix(
+    tmp_path: Path, persistent: bool
+) -> None:
+    ns = load("pytorch_lightning")
+    ledger, _, _ = _fit(
+        ns, tmp_path, _worker_model(ns, persistent), [], max_epochs=3, limit_val_batches=0
+    )
+    assert len(ledger.epoch_starts) == 3
+    starts = ledger.seconds()["epoch_start"]
+    if persistent:  # one start only: paid once
+        assert "epoch-start-time" not in _ids(ledger)
+        return
+    assert starts >= 3 * 0.3
+    (finding,) = [f for f in ledger.doctor_findings() if f.id == "epoch-start-time"]
+    assert finding.severity == "warning"
+    assert "persistent_workers=True" in (finding.fix or "")
+
+
+@pytest.fixture
+def many_threads() -> Any:
+    saved = torch.get_num_threads()
+    torch.set_num_threads(64)
+    yield 64
+    torch.set_num_threads(saved)
+
+
+@each_namespace
+def test_more_threads_than_cores_is_found(ns: Namespace, tmp_path: Path, many_threads: int) -> None:
+    ledger, _, _ = _fit(ns, tmp_path, _model(ns.name)(), [], max_steps=2, limit_val_batches=0)
+    (finding,) = [f for f in ledger.doctor_findings() if f.id == "cpu-threads"]
+    assert finding.figures["threads"] == many_threads
+    assert f"torch.set_num_threads({finding.figures['cores']})" in (finding.fix or "")
+
+
+@each_namespace
+def test_anomaly_detection_a_heavy_profiler_and_a_tiny_batch_are_named(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    ledger, _trainer, _ = _fit(
+        ns,
+        tmp_path,
+        _model(ns.name)(batch_size=2),
+        [],
+        max_steps=3,
+        limit_val_batches=0,
+        detect_anomaly=True,
+        profiler="advanced",
+    )
+    findings = {f.id: f for f in ledger.doctor_findings()}
+    assert findings["anomaly-detection"].severity == "warning"
+    assert findings["profiler-on"].figures["profiler"] == "AdvancedProfiler"
+    assert findings["profiler-on"].severity == "warning"
+    assert findings["small-batch"].figures == pytest.approx(
+        {**findings["small-batch"].figures, "batch_size": 2, "measured": False}
+    )
+    assert "not measured" in findings["small-batch"].message
+
+
+def test_a_clean_run_gets_no_warning(tmp_path: Path) -> None:
+    ns = load("pytorch_lightning")
+    ledger, _, _ = _fit(
+        ns,
+        tmp_path,
+        _model(ns.name)(batch_size=16, length=256),
+        [],
+        max_epochs=2,
+        limit_val_batches=0.25,
+    )
+    assert _ids(ledger) == []
+
+
+def test_the_users_profiler_still_records_everything(tmp_path: Path) -> None:
+    ns = load("pytorch_lightning")
+    ledger, trainer, _ = _fit(
+        ns, tmp_path, _model(ns.name)(), [], max_steps=3, limit_val_batches=0, profiler="simple"
+    )
+    recorded = trainer.profiler.recorded_durations
+    assert len(recorded["run_training_batch"]) == 3
+    assert any(k.endswith("].train_dataloader_next") for k in recorded)
+    assert ledger.seconds()["training_step"] > 0
+    assert {f.id: f.severity for f in ledger.doctor_findings()}["profiler-on"] == "info"
+
+
+def _left_behind(trainer: Any) -> list[str]:
+    owners = {
+        "profiler": trainer.profiler,
+        "fit_loop": trainer.fit_loop,
+        "val_loop": trainer.fit_loop.epoch_loop.val_loop,
+        "logger_connector": trainer._logger_connector,
+    }
+    names = ("start", "stop", "setup_data", "on_advance_start", "on_run_end", "run", "log_metrics")
+    return [f"{o}.{n}" for o, obj in owners.items() for n in names if n in vars(obj)]
+
+
+@each_namespace
+def test_nothing_is_left_on_the_trainer_after_fit_or_an_exception(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    ledger, trainer, _ = _fit(ns, tmp_path, _model(ns.name)(), [], max_steps=2)
+    assert _left_behind(trainer) == []
+
+    class Boom(_model(ns.name)):  # type: ignore[misc]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            raise RuntimeError("boom")
+
+    ledger = WallTimeLedger()
+    trainer = ns.Trainer(callbacks=[ledger], **quiet_trainer_kwargs(tmp_path, max_steps=2))
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.fit(Boom())
+    assert _left_behind(trainer) == []
+    assert not ledger.ledger.is_open
+    assert ledger.total_s > 0
+
+
+def test_the_table_and_summary_fields_reach_the_csv_logger(tmp_path: Path) -> None:
+    ns = load("pytorch_lightning")
+    logger = ns.sub("loggers").CSVLogger(tmp_path, name="run")
+    _ledger, _trainer, _ = _fit(
+        ns, tmp_path, _model(ns.name)(), [], max_steps=4, limit_val_batches=0, logger=logger
+    )
+    path = Path(logger.log_dir) / csv_file_name("speedpack/wall_time")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == TABLES["speedpack/wall_time"]
+        rows = list(reader)
+    parts = [r["part"] for r in rows]
+    assert [p for p in PARTS if p != "callbacks"] == [p for p in parts if p != "callbacks"]
+    assert any(r["part"] == "callbacks" and r["detail"] == "WallTimeLedger" for r in rows)
+    steps = next(r for r in rows if r["part"] == "training_step")
+    assert steps["detail"] == "4 batches"
+    assert float(steps["seconds"]) > 0
+
+
+def test_the_wandb_run_gets_the_table_and_fractions(tmp_path: Path, wandb_offline: Any) -> None:
+    from pytorch_lightning.loggers import WandbLogger
+
+    from tests.helpers.wandb_files import read_table
+
+    ns = load("pytorch_lightning")
+    logger = WandbLogger(project="wall", save_dir=str(wandb_offline.dir))
+    _ledger, _, _ = _fit(
+        ns, tmp_path, _model(ns.name)(), [], max_steps=4, limit_val_batches=0, logger=logger
+    )
+    import wandb
+
+    wandb.finish()
+    run = wandb_offline.only_run()
+    table = read_table(run, "speedpack/wall_time")
+    assert table["columns"] == list(TABLES["speedpack/wall_time"])
+    assert {row[0] for row in table["data"]} >= {"setup", "training_step", "unaccounted"}
+    fractions = {k: v for k, v in run.summary.items() if k.startswith("speedpack/wall/")}
+    assert fractions["speedpack/wall/training_step_fraction"] > 0
+    assert sum(v for k, v in fractions.items() if k.endswith("_fraction")) == pytest.approx(
+        1.0, abs=0.01
+    )
+
+
+def _ddp_fit(tmp: str) -> dict[str, Any]:
+    from pytorch_lightning import Trainer
+
+    from tests.helpers.models import SizedBoringModel
+
+    ledger = WallTimeLedger()
+    trainer = Trainer(
+        callbacks=[ledger],
+        **quiet_trainer_kwargs(tmp, devices=2, strategy="ddp", max_epochs=2, limit_val_batches=2),
+    )
+    start = time.perf_counter()
+    ledger.fit_entered(start)
+    trainer.fit(SizedBoringModel())
+    return {
+        "wall": time.perf_counter() - start,
+        "total": ledger.total_s,
+        "parts": ledger.seconds(),
+        "runs": len(ledger.validation_runs),
+    }
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_under_ddp_each_ranks_ledger_sums_to_its_wall_time(tmp_path: Path) -> None:
+    from tests.helpers.ddp import run_ddp
+
+    for rank in run_ddp(_ddp_fit, str(tmp_path), timeout=200):
+        assert abs(rank["total"] - rank["wall"]) <= 0.02 * rank["wall"]
+        assert sum(rank["parts"].values()) == pytest.approx(rank["total"])
+        assert rank["runs"] == 2
+        assert rank["parts"]["training_step"] > 0
