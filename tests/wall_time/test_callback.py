@@ -193,11 +193,11 @@ def _worker_model(ns: Namespace, persistent: bool) -> Any:
     return WorkerModel()
 
 
+@each_namespace
 @pytest.mark.parametrize("persistent", [False, True], ids=["restarted", "persistent"])
 def test_workers_started_again_at_every_epoch_get_the_persistent_workers_fix(
-    tmp_path: Path, persistent: bool
+    ns: Namespace, tmp_path: Path, persistent: bool
 ) -> None:
-    ns = load("pytorch_lightning")
     ledger, _, _ = _fit(
         ns, tmp_path, _worker_model(ns, persistent), [], max_epochs=3, limit_val_batches=0
     )
@@ -265,8 +265,8 @@ def test_a_clean_run_gets_no_warning(tmp_path: Path) -> None:
     assert _ids(ledger) == []
 
 
-def test_the_users_profiler_still_records_everything(tmp_path: Path) -> None:
-    ns = load("pytorch_lightning")
+@each_namespace
+def test_the_users_profiler_still_records_everything(ns: Namespace, tmp_path: Path) -> None:
     ledger, trainer, _ = _fit(
         ns, tmp_path, _model(ns.name)(), [], max_steps=3, limit_val_batches=0, profiler="simple"
     )
