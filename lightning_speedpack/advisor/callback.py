@@ -53,7 +53,10 @@ class SpeedAdvisor(Callback):
     finding ``id``              fires when
     ==========================  =================================================================
     ``dataloader-workers``      ``num_workers=0``, or more workers than CPU cores per process
-    ``pin-memory``              ``pin_memory=False`` while training on a GPU (GPU only)
+    ``pin-memory``              ``pin_memory=False`` while training on a GPU (GPU only); with a
+                                :class:`~lightning_speedpack.StepTimeline` attached, only when
+                                the copy to the device takes >= 2% of the step, and it says how
+                                much ("copy not measured" without one)
     ``persistent-workers``      workers > 0, several epochs, ``persistent_workers=False``
     ``data-wait``               measured: > ``data_wait_threshold`` of the time (and >= 1 ms per
                                 step) waits for the next batch
@@ -218,11 +221,14 @@ class SpeedAdvisor(Callback):
         self._handles: list[RemovableHandle] = []
         self._measured: events.DataVerdict | None = None  # from the data profiler, if it ran
         self._verdicts: events.Subscription | None = None
+        self._copy: events.BatchTransfer | None = None  # from the step timeline, if attached
+        self._copies: events.Subscription | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = []  # hook handles and the module belong to a running fit only
         state["_verdicts"] = None  # so does the subscription to the data profiler's verdict
+        state["_copies"] = None  # and the one to the step timeline's copy
         state["_patched_module"] = None
         for bound in ("log", "log_dict"):  # Lightning binds the module's methods onto callbacks
             state.pop(bound, None)
@@ -238,6 +244,7 @@ class SpeedAdvisor(Callback):
         self.findings, self.skipped, self.applied = [], {}, []
         self.measured_steps, self.data_wait_fraction = 0, None
         self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_verdict)
+        self._copies = events.subscribe(events.BATCH_TRANSFER, self._on_copy)
         if "channels_last" in self.apply:
             pl_module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             self._announce("channels_last", "model converted to torch.channels_last (not undone)")
@@ -373,6 +380,8 @@ class SpeedAdvisor(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._measuring and not self._reported:
             self._report(trainer)  # the run had fewer steps than measure_steps
+        elif self._reported:  # the copy's share over the whole run, not only the measured steps
+            self._amend_copy()
 
     # --- end of fit: log, undo -------------------------------------------------------------
 
@@ -397,11 +406,26 @@ class SpeedAdvisor(Callback):
             found = _advice.with_measured_workers(self.findings, verdict)
             self.findings = _advice.with_measured_wait(found, verdict, self.data_wait_threshold)
 
+    def _on_copy(self, measured: events.BatchTransfer) -> None:
+        self._copy = measured  # read at the report and at train end: per batch, only kept
+
+    def _amend_copy(self) -> None:
+        """``pin-memory`` again from the rule of thumb, with the latest measured copy."""
+        pins = [f for f in self._static if f.id == "pin-memory"]
+        if not pins:
+            return
+        found = [f for f in self.findings if f.id != "pin-memory"]
+        found += _advice.with_measured_copy(pins, self._copy)
+        self.findings = sorted(found, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
+
     def _restore(self) -> None:
         self._measuring = False
         if self._verdicts is not None:
             self._verdicts.close()
             self._verdicts = None
+        if self._copies is not None:
+            self._copies.close()
+            self._copies = None
         if self._cudnn_before is not None:
             torch.backends.cudnn.benchmark = self._cudnn_before
             self._cudnn_before = None
@@ -431,6 +455,7 @@ class SpeedAdvisor(Callback):
         found += _advice.check_eval_grad(self._eval_grad)
         found = _advice.with_measured_workers(found, self._measured)
         found = _advice.with_measured_wait(found, self._measured, self.data_wait_threshold)
+        found = _advice.with_measured_copy(found, self._copy)
         self.findings = sorted(found, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
         self._remove_hooks()
         if self.verbose and trainer.is_global_zero:

@@ -1,23 +1,30 @@
 """The data-loading checks: worker processes, pinned memory, and time spent waiting for data.
 
 ``dataloader-workers`` (rule of thumb, or the worker count a measurement asked for through
-:func:`with_measured_workers`), ``pin-memory`` (GPU only), ``persistent-workers`` and the
-measured ``data-wait``.
+:func:`with_measured_workers`), ``pin-memory`` (GPU only; with the copy's measured share of the
+step through :func:`with_measured_copy`), ``persistent-workers`` and the measured ``data-wait``.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lightning_speedpack.advisor.vocabulary import AdvisorFinding, DeviceInfo, LoaderSettings
-from lightning_speedpack.core.events import DataVerdict
+from lightning_speedpack.core.events import BatchTransfer, DataVerdict
 
 __all__ = [
+    "COPY_SHARE_THRESHOLD",
     "check_data_wait",
     "check_dataloader_workers",
     "check_persistent_workers",
     "check_pin_memory",
+    "with_measured_copy",
     "with_measured_wait",
     "with_measured_workers",
 ]
+
+#: Below this share of the step, the copy of the batch to the device is not worth pinning for.
+COPY_SHARE_THRESHOLD = 0.02
 
 
 def check_dataloader_workers(
@@ -173,6 +180,57 @@ def check_pin_memory(loader: LoaderSettings, device: DeviceInfo) -> list[Advisor
             fix="DataLoader(pin_memory=True, ...) (Lightning then copies with non_blocking=True)",
         )
     ]
+
+
+def with_measured_copy(
+    found: list[AdvisorFinding],
+    measured: BatchTransfer | None,
+    threshold: float = COPY_SHARE_THRESHOLD,
+) -> list[AdvisorFinding]:
+    """``pin-memory`` with the share of the step the copy to the device was measured to take.
+
+    The step timeline times Lightning's batch transfer; a copy under ``threshold`` of the step
+    (2%) gains too little from pinned memory and ``non_blocking`` to be worth the advice, so the
+    finding goes. Otherwise it stays and carries the measured share (and the copy's bytes and
+    device rate when known); without a measurement it stays as the rule of thumb, and says the
+    copy was not measured. Other findings pass through.
+
+    Example:
+        >>> pin = AdvisorFinding("pin-memory", "warning", "pageable", "pin_memory=False", "pin")
+        >>> with_measured_copy([pin], BatchTransfer(1.0, 100.0, 20))
+        []
+        >>> (kept,) = with_measured_copy([pin], BatchTransfer(13.6, 186.0, 20))
+        >>> print(kept.evidence)  # doctest: +NORMALIZE_WHITESPACE
+        pin_memory=False; measured: the copy to the device takes 7.3% of the step
+        (13.6 of 186.0 ms per batch)
+    """
+    if measured is None or measured.batches == 0:
+        return [_copy_not_measured(f) if f.id == "pin-memory" else f for f in found]
+    if measured.share < threshold:
+        return [f for f in found if f.id != "pin-memory"]
+    return [_with_copy(f, measured) if f.id == "pin-memory" else f for f in found]
+
+
+def _copy_not_measured(finding: AdvisorFinding) -> AdvisorFinding:
+    return replace(finding, evidence=f"{finding.evidence}; copy not measured")
+
+
+def _with_copy(finding: AdvisorFinding, measured: BatchTransfer) -> AdvisorFinding:
+    evidence = (
+        f"{finding.evidence}; measured: the copy to the device takes {measured.share:.1%} of "
+        f"the step ({measured.transfer_ms_per_batch:.1f} of {measured.step_ms_per_batch:.1f} ms "
+        "per batch)"
+    )
+    figures: dict[str, float | int] = {
+        "copy_share": round(measured.share, 4),
+        "copy_ms_per_batch": round(measured.transfer_ms_per_batch, 3),
+        "step_ms_per_batch": round(measured.step_ms_per_batch, 3),
+    }
+    if measured.bytes_per_batch is not None:
+        figures["h2d_bytes_per_batch"] = measured.bytes_per_batch
+    if measured.gb_per_sec is not None:
+        figures["h2d_gb_per_sec"] = round(measured.gb_per_sec, 3)
+    return replace(finding, evidence=evidence, figures={**finding.figures, **figures})
 
 
 def check_persistent_workers(

@@ -11,7 +11,8 @@ This module is the checklist's one import path; the checks live by concern:
 - :mod:`~lightning_speedpack.advisor.vocabulary`: :data:`FINDING_IDS`, :data:`GPU_ONLY_IDS`,
   :class:`AdvisorFinding`, :class:`DeviceInfo`, :class:`LoaderSettings`.
 - :mod:`~lightning_speedpack.advisor.data_loading`: ``dataloader-workers``, ``pin-memory``,
-  ``persistent-workers``, ``data-wait``.
+  ``persistent-workers``, ``data-wait``, and the measured figures that revise them
+  (``with_measured_*``).
 - :mod:`~lightning_speedpack.advisor.shapes`: ``batch-size-multiple``, ``layer-dims-multiple``,
   ``conv-bias-before-bn``.
 - :mod:`~lightning_speedpack.advisor.gpu`: ``precision``, ``cudnn-benchmark``,
@@ -25,6 +26,7 @@ from lightning_speedpack.advisor.data_loading import (
     check_dataloader_workers,
     check_persistent_workers,
     check_pin_memory,
+    with_measured_copy,
     with_measured_wait,
     with_measured_workers,
 )
@@ -76,6 +78,7 @@ __all__ = [
     "check_zero_grad",
     "gpu_skip_reason",
     "has_conv",
+    "with_measured_copy",
     "with_measured_wait",
     "with_measured_workers",
 ]

@@ -10,7 +10,10 @@ its message asks :func:`has_subscribers` first. Listeners run synchronously, on 
 publisher's thread, in subscription order; an exception in a listener reaches the publisher.
 The second use: the data profiler publishes its measured verdict (:data:`DATA_VERDICT`, a
 :class:`DataVerdict`), and the advisor's ``dataloader-workers`` finding carries the measured
-number of workers instead of a rule of thumb.
+number of workers instead of a rule of thumb. The third: the step timeline publishes its
+measured copy of the training batches to the device (:data:`BATCH_TRANSFER`, a
+:class:`BatchTransfer`), and the advisor's ``pin-memory`` finding carries the copy's share of
+the step, or goes when the copy is too small to matter.
 This module imports nothing but the standard library.
 """
 
@@ -22,8 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BATCH_TRANSFER",
     "DATA_VERDICT",
     "SYNC_POINT",
+    "BatchTransfer",
     "DataVerdict",
     "Subscription",
     "SyncPoint",
@@ -38,6 +43,9 @@ SYNC_POINT = "sync_point"
 
 #: Topic of :class:`DataVerdict` messages: one per fit whose data ceilings were measured.
 DATA_VERDICT = "data_verdict"
+
+#: Topic of :class:`BatchTransfer` messages: the run so far, after each measured training batch.
+BATCH_TRANSFER = "batch_transfer"
 
 Listener = Callable[[Any], None]
 
@@ -109,6 +117,43 @@ class DataVerdict:
             return None
         small = fraction <= threshold or (ms is not None and ms < 1.0)
         return not (small or self.bound == "data")
+
+
+@dataclass(frozen=True)
+class BatchTransfer:
+    """The measured copy of the training batches to the device, as published on the topic.
+
+    :data:`BATCH_TRANSFER` carries the means over the run's training batches so far (host
+    time), from the step timeline.
+
+    Attributes:
+        transfer_ms_per_batch: Lightning's batch transfer (``on_before_batch_transfer`` to the
+            end of ``on_after_batch_transfer``), mean host milliseconds per batch.
+        step_ms_per_batch: the whole training step, every phase, mean host ms per batch.
+        batches: how many training batches the means are over.
+        bytes_per_batch: tensor bytes of a sampled batch after the copy (None: none sampled).
+        pinned: whether the train loaders pin the batches they hand to the copy.
+        gb_per_sec: the copy's rate on the device, from CUDA events (None: not on CUDA, or not
+            read yet).
+
+    Example:
+        >>> round(BatchTransfer(13.6, 186.0, 50).share, 4)
+        0.0731
+    """
+
+    transfer_ms_per_batch: float
+    step_ms_per_batch: float
+    batches: int
+    bytes_per_batch: int | None = None
+    pinned: bool = False
+    gb_per_sec: float | None = None
+
+    @property
+    def share(self) -> float:
+        """The transfer's fraction of the step's host time (0.0 when nothing was timed)."""
+        if self.step_ms_per_batch <= 0:
+            return 0.0
+        return self.transfer_ms_per_batch / self.step_ms_per_batch
 
 
 class Subscription:

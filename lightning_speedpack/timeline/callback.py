@@ -9,12 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._C._autograd import _profiler_enabled
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, classes, rank_zero_warn
+from lightning_speedpack.core.nested import leaves
+from lightning_speedpack.core.profiler_tap import tap, untap
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
+from lightning_speedpack.timeline import transfer as _transfer
 from lightning_speedpack.timeline.nvtx import NvtxApi, resolve_nvtx
 from lightning_speedpack.timeline.phases import PHASES, PhaseClock, shares
 from lightning_speedpack.timeline.ranges import RangeStack
@@ -39,26 +43,36 @@ TRACE_DIR_ENV = "LIGHTNING_SPEEDPACK_TRACE_DIR"
 _RANGE = {phase: f"speedpack/{phase}" for phase in PHASES}
 _STEP_RANGE = "speedpack/step"
 _PREFIX = "throughput/phase/"
+_BYTES_KEY = "data/h2d_bytes_per_batch"
+_PINNED_KEY = "data/h2d_pinned"
+_RATE_KEY = "data/h2d_gb_per_sec"
 
 
 class StepTimeline(Callback):
     r"""Show where each training step's time goes: ranges for profilers, a live breakdown, a trace.
 
-    Every training batch is cut into phases, each opened and closed from Lightning's hooks:
+    Every training batch is cut into phases, each opened and closed from Lightning's hooks and
+    from the actions Lightning times through ``trainer.profiler`` (whatever profiler the Trainer
+    has; :mod:`~lightning_speedpack.core.profiler_tap` listens without replacing it):
 
     ==============================  ================================================================
     Range                           From ... to
     ==============================  ================================================================
-    ``speedpack/data_wait``         the end of the previous batch to ``on_train_batch_start``: the
-                                    DataLoader's next batch, its copy to the device, and what
-                                    Lightning runs after ``on_train_batch_end`` (later callbacks'
-                                    and the module's ``on_train_batch_end``, logger writes)
+    ``speedpack/data_wait``         the DataLoader's next batch: the fetcher's ``next``
+                                    (``train_dataloader_next``), nothing else
+    ``speedpack/batch_transfer``    Lightning's copy of the batch to the device:
+                                    ``on_before_batch_transfer``, ``transfer_batch_to_device``
+                                    (the default or your own) and ``on_after_batch_transfer``
     ``speedpack/training_step``     ``on_train_batch_start`` to the next phase: the forward pass
     ``speedpack/zero_grad``         ``on_before_zero_grad`` to ``on_before_backward``
     ``speedpack/backward``          ``on_before_backward`` to ``on_after_backward``
     ``speedpack/optimizer_step``    ``on_before_optimizer_step`` to the end of the optimizer's
                                     ``step`` (gradient clipping and the update)
-    ``speedpack/other``             the rest of the step: Lightning's glue between the phases
+    ``speedpack/other``             the rest of the step: Lightning's glue between the phases, and
+                                    before the fetch what Lightning runs after
+                                    ``on_train_batch_end`` (later callbacks' and the module's
+                                    ``on_train_batch_end``, logger writes, starting an epoch's
+                                    workers), other callbacks' ``on_train_batch_start``
     ``speedpack/step_<N>``          encloses one batch's phases (``N`` = ``global_step``); NVTX
                                     names it ``speedpack/step``
     ==============================  ================================================================
@@ -76,10 +90,12 @@ class StepTimeline(Callback):
        averaged per batch over the batches since the last log, logged as below. On a GPU these
        are *host* times: the CPU runs ahead of the GPU, so a phase's kernels may finish during a
        later phase, and a phase that waits for the device (a sync, a full queue) absorbs that
-       wait. Over a window their sum is the real step time.
+       wait. Over a window their sum is the real step time. A copy from pinned memory returns
+       to the host at once (``non_blocking``); one from pageable memory waits for the kernels
+       queued before it, and ``batch_transfer`` holds that wait.
     3. **Trace window** (``trace_steps=(start, count)``): ``torch.profiler`` (CPU, and CUDA when
-       training on CUDA) records only steps ``start .. start + count - 1`` (each with the data
-       wait before it), writes ``speedpack-steps<first>-<last>-rank<R>.pt.trace.json`` into
+       training on CUDA) records only steps ``start .. start + count - 1`` (each with its fetch
+       and copy before it), writes ``speedpack-steps<first>-<last>-rank<R>.pt.trace.json`` into
        ``trace_dir`` (open it in https://ui.perfetto.dev), prints the top operators by self time,
        and logs the file to W&B as a ``profile`` artifact when a ``WandbLogger`` is attached.
     4. **Sync points**: with :class:`~lightning_speedpack.SyncPointWarnings` attached too, each
@@ -90,13 +106,38 @@ class StepTimeline(Callback):
     Key                                  Meaning
     ===================================  ==========================================================
     ``throughput/phase/<phase>_ms``      mean host milliseconds per training batch of ``<phase>``
-                                         (``data_wait``, ``training_step``, ``zero_grad``,
-                                         ``backward``, ``optimizer_step``, ``other``)
+                                         (``data_wait``, ``batch_transfer``, ``training_step``,
+                                         ``zero_grad``, ``backward``, ``optimizer_step``,
+                                         ``other``)
+    ``data/h2d_bytes_per_batch``         tensor bytes of one batch after the copy (nested dicts,
+                                         lists, tuples, dataclasses), walked on the first batch
+                                         after each log only; on the CPU nothing is copied and
+                                         this is the batch's size
+    ``data/h2d_pinned``                  1 when every train DataLoader pins its batches for the
+                                         CUDA device the run trains on (``pin_memory=True``),
+                                         else 0
+    ``data/h2d_gb_per_sec``              CUDA only: that batch's bytes over the device time
+                                         between two CUDA events recorded around
+                                         ``batch_to_device``, logged at the first log after
+                                         the end event completed (``query()``: no added sync)
     ===================================  ==========================================================
+
+    Whether the copy's source was pinned is read from the DataLoaders: Lightning gives a
+    callback no hook before the copy, the loader's ``pin_memory`` is what pins each fetched
+    batch, and wrapping the module's own transfer hooks would change what your code runs. A
+    ``collate_fn`` or ``transfer_batch_to_device`` that pins by itself is not seen. The CUDA
+    events come from the table :data:`lightning_speedpack.timeline.transfer.TIMING`; on the
+    CPU-only machine this was written on, that path (and the GB/s) was exercised only through
+    injected fake events.
+
+    With a listener on :data:`lightning_speedpack.core.events.BATCH_TRANSFER` (a
+    :class:`~lightning_speedpack.SpeedAdvisor`), every training batch publishes the run's
+    measured copy so far (:meth:`measured_transfer`); nobody listening costs one dict lookup.
 
     Nothing is left behind: after fit, an exception or ``KeyboardInterrupt`` the profiler is
     stopped (an interrupted window writes no file), every NVTX range is popped, the optimizer
-    hooks are removed and the sync listener is unsubscribed.
+    hooks are removed, the Trainer's profiler gets its own ``start``/``stop`` back and the sync
+    listener is unsubscribed.
 
     Rank policy: every rank times its own steps and, in a window, writes its own trace (rank in
     the file name); rank 0 logs its own phase times, prints and uploads to W&B. Nothing crosses
@@ -128,6 +169,8 @@ class StepTimeline(Callback):
         >>> trainer.fit(BoringModel())
         >>> sorted(timeline.phase_shares()) == sorted(PHASES)
         True
+        >>> timeline.last_metrics["data/h2d_bytes_per_batch"]  # BoringModel: 1 x 32 float32
+        128.0
         >>> round(sum(timeline.phase_shares().values()), 6)
         1.0
     """
@@ -177,6 +220,14 @@ class StepTimeline(Callback):
         self._step_open = False
         self._training = False
         self._sync_always = False
+        self._tapped: Any = None  # the Trainer whose profiler this listens to
+        self._actions: dict[str, str] = {}  # profiled action name -> transfer.action_kind
+        self._timer: _transfer.CopyTimer | None = None
+        self._pinned = False
+        self._sampling = False  # this rank samples the copy's bytes (rank 0 logs them)
+        self._sample = False  # the next batch is sampled
+        self._bytes: int | None = None
+        self._gb_per_sec: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -188,6 +239,9 @@ class StepTimeline(Callback):
             _in_batch=False,
             _step_open=False,
             _training=False,
+            _tapped=None,
+            _actions={},
+            _timer=None,
         )
         return state
 
@@ -201,6 +255,21 @@ class StepTimeline(Callback):
         """Each phase's share of the training batches' host time, over the whole fit."""
         return shares(self._clock.run.seconds)
 
+    def measured_transfer(self) -> events.BatchTransfer | None:
+        """The copy of the batches to the device over the fit so far (None before a batch)."""
+        run = self._clock.run
+        if not run.batches:
+            return None
+        ms = run.mean_ms()
+        return events.BatchTransfer(
+            transfer_ms_per_batch=ms["batch_transfer"],
+            step_ms_per_batch=sum(ms.values()),
+            batches=run.batches,
+            bytes_per_batch=self._bytes,
+            pinned=self._pinned,
+            gb_per_sec=self._gb_per_sec,
+        )
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     @override
@@ -213,6 +282,7 @@ class StepTimeline(Callback):
         self.last_metrics = {}
         self.trace_path = None
         self.top_ops = []
+        self._bytes = self._gb_per_sec = None
         table = resolve_nvtx(self.nvtx) if self.ranges else None
         self._ranges = RangeStack(table, profiler=self.ranges)
         self._sync_always = table is not None
@@ -239,6 +309,7 @@ class StepTimeline(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._manual = not pl_module.automatic_optimization
         self._training = True
+        self._watch_transfer(trainer)
         for optimizer in trainer.optimizers:
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
         if self._sync_always:
@@ -254,6 +325,11 @@ class StepTimeline(Callback):
     ) -> None:
         if not self._step_open:
             self._open_step(trainer)
+        if self._sample:  # once per logging window: charged to `other`, before the step
+            self._sample = False
+            self._bytes = _transfer.batch_bytes(batch)
+            if self._timer is not None:
+                self._timer.set_bytes(self._bytes)
         self._in_batch = True
         self._flat("training_step")
 
@@ -300,6 +376,8 @@ class StepTimeline(Callback):
         self._clock.end_batch(time.perf_counter())
         self._in_batch = False
         self._step_open = False
+        if events.has_subscribers(events.BATCH_TRANSFER):
+            events.publish(events.BATCH_TRANSFER, self.measured_transfer())
         step = trainer.global_step
         window = self._window
         if window is not None and window.should_stop(step):
@@ -346,13 +424,19 @@ class StepTimeline(Callback):
     # ---- doctor ----------------------------------------------------------------------------
 
     def doctor_figures(self) -> dict[str, Any]:
-        """``{"phase_share": {phase: fraction}, "phase_ms": {phase: ms per batch}}``."""
+        """``phase_share`` and ``phase_ms`` (per phase), and the copy's ``h2d_*`` when measured."""
         if not self._clock.run.batches:
             return {}
-        return {
+        figures: dict[str, Any] = {
             "phase_share": {k: round(v, 4) for k, v in self.phase_shares().items()},
             "phase_ms": {k: round(v, 3) for k, v in self.phase_ms().items()},
         }
+        if self._bytes is not None:
+            figures["h2d_bytes_per_batch"] = self._bytes
+            figures["h2d_pinned"] = int(self._pinned)
+        if self._gb_per_sec is not None:
+            figures["h2d_gb_per_sec"] = round(self._gb_per_sec, 3)
+        return figures
 
     def doctor_findings(self) -> list[Finding]:
         """The share of a training batch each phase takes, and the trace file (both info)."""
@@ -389,6 +473,46 @@ class StepTimeline(Callback):
             )
         return out
 
+    # ---- the fetch and the copy, from the profiler's actions ---------------------------------
+
+    def on_action(self, name: str, started: bool, now: float) -> None:
+        """Switch to ``data_wait`` or ``batch_transfer`` and back (see ``profiler_tap``).
+
+        Only between two training batches: the validation loop's fetch and copy happen while
+        the timeline is paused, and a fetch inside ``training_step`` (``dataloader_iter``)
+        stays the step's.
+        """
+        kind = self._actions.get(name)
+        if kind is None:
+            kind = self._actions[name] = _transfer.action_kind(name)
+        if not kind or not self._step_open or self._in_batch:
+            return
+        if kind == _transfer.FETCH:
+            self._flat("data_wait" if started else "other", now)
+        elif kind == _transfer.BEFORE:
+            if started:  # on_before_batch_transfer runs just before batch_to_device
+                self._flat("batch_transfer", now)
+        elif started:
+            if self._clock.current != "batch_transfer":
+                self._flat("batch_transfer", now)
+            if self._sample and self._timer is not None:
+                self._timer.begin()
+        else:
+            if self._timer is not None:
+                self._timer.end()
+            self._flat("other", now)
+
+    def _watch_transfer(self, trainer: pl.Trainer) -> None:
+        """Listen to the profiler's actions; decide how this fit's copies are measured."""
+        tap(trainer, self)
+        self._tapped = trainer
+        device = trainer.strategy.root_device
+        timing = _transfer.TIMING  # read now: tests replace it
+        self._timer = _transfer.CopyTimer(timing) if timing.applies(device) else None
+        loaders = leaves(trainer.train_dataloader, DataLoader)
+        self._pinned = _transfer.loader_pins(loaders, device)
+        self._sampling = self._sample = trainer.is_global_zero
+
     # ---- internals -------------------------------------------------------------------------
 
     def _open_step(self, trainer: pl.Trainer) -> None:
@@ -403,8 +527,8 @@ class StepTimeline(Callback):
             window.saw_step(step)
         self._step_open = True
         self._ranges.push(f"speedpack/step_{step}", _STEP_RANGE)
-        self._ranges.push(_RANGE["data_wait"])
-        self._clock.switch("data_wait", time.perf_counter())
+        self._ranges.push(_RANGE["other"])  # until the fetch starts
+        self._clock.switch("other", time.perf_counter())
 
     def _pause(self) -> None:
         """Stop charging time and close the open ranges (validation, between epochs)."""
@@ -413,10 +537,10 @@ class StepTimeline(Callback):
         self._in_batch = False
         self._step_open = False
 
-    def _flat(self, phase: str) -> None:
+    def _flat(self, phase: str, now: float | None = None) -> None:
         self._ranges.pop_to(1)
         self._ranges.push(_RANGE[phase])
-        self._clock.switch(phase, time.perf_counter())
+        self._clock.switch(phase, time.perf_counter() if now is None else now)
 
     def _enter(self, phase: str) -> None:
         if not self._manual:
@@ -439,9 +563,22 @@ class StepTimeline(Callback):
         if not trainer.is_global_zero:
             return
         metrics = {f"{_PREFIX}{name}_ms": value for name, value in means.items()}
+        metrics.update(self._copy_metrics())
         self.last_metrics = metrics
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _copy_metrics(self) -> dict[str, float]:
+        """The sampled copy's bytes, pinned-ness and GB/s (when just read); sample the next."""
+        self._sample = self._sampling
+        out: dict[str, float] = {}
+        if self._bytes is not None:
+            out[_BYTES_KEY] = float(self._bytes)
+            out[_PINNED_KEY] = float(self._pinned)
+        rate = self._timer.read() if self._timer is not None else None  # None: not done yet
+        if rate is not None:
+            self._gb_per_sec = out[_RATE_KEY] = rate
+        return out
 
     def _listen(self) -> None:
         if self._subscription is None:
@@ -484,9 +621,15 @@ class StepTimeline(Callback):
         self._training = False
         self._in_batch = False
         self._step_open = False
+        self._sample = False
+        if self._timer is not None:
+            self._timer.abandon()
         try:
             self._ranges.close_all()
         finally:
+            if self._tapped is not None:
+                untap(self._tapped, self)
+                self._tapped = None
             if self._window is not None:
                 self._window.abort()
             if self._subscription is not None:

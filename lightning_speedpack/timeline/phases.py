@@ -17,6 +17,7 @@ __all__ = ["PHASES", "PhaseClock", "PhaseTotals", "shares"]
 #: The phases of a training step, in the order they usually run.
 PHASES: tuple[str, ...] = (
     "data_wait",
+    "batch_transfer",
     "training_step",
     "zero_grad",
     "backward",

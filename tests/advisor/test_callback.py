@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_lightning import LightningModule, Trainer
+from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_speedpack import AdvisorFinding, DeviceInfo, SpeedAdvisor
 from lightning_speedpack.advisor.rules import GPU_ONLY_IDS
+from lightning_speedpack.core import events
+from lightning_speedpack.core.events import BatchTransfer
 from lightning_speedpack.doctor.runner import run_script
 from tests.helpers import global_state
 from tests.helpers.ddp import run_ddp
@@ -435,3 +437,104 @@ def test_without_the_profiler_the_rule_of_thumb_stays(tmp_path: Path) -> None:
     (workers,) = (f for f in advisor.findings if f.id == "dataloader-workers")
     assert "workers_needed" not in workers.figures
     assert "measured" not in workers.fix
+
+
+# --- pin-memory with the measured copy, from the step timeline --------------------------------
+
+
+class _PublishesCopy(Callback):
+    """Stands in for StepTimeline: publishes a measured copy of ``share`` after each batch."""
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        measured = BatchTransfer(100.0 * self.share, 100.0, trainer.global_step)
+        events.publish(events.BATCH_TRANSFER, measured)
+
+
+def _pin_memory(advisor: SpeedAdvisor) -> list[AdvisorFinding]:
+    return [f for f in advisor.findings if f.id == "pin-memory"]
+
+
+def _fit_with(callbacks: list[Any], tmp_path: Path, steps: int = 4) -> None:
+    trainer = Trainer(callbacks=callbacks, **quiet_trainer_kwargs(tmp_path, max_steps=steps))
+    trainer.fit(TinyCNN(batch_size=16, n=64))
+
+
+def test_pin_memory_is_silent_when_the_measured_copy_is_under_2_percent(tmp_path: Path) -> None:
+    advisor = advisor_(measure_steps=2, device_info=A100)
+    _fit_with([advisor, _PublishesCopy(0.019)], tmp_path)
+    assert _pin_memory(advisor) == []
+    assert advisor.findings  # the other findings are still there
+    assert events.subscriber_count() == 0
+
+
+def test_pin_memory_carries_the_measured_copy_share(tmp_path: Path) -> None:
+    advisor = advisor_(measure_steps=2, device_info=A100)
+    _fit_with([advisor, _PublishesCopy(0.25)], tmp_path)
+    (pin,) = _pin_memory(advisor)
+    assert pin.evidence.endswith(
+        "measured: the copy to the device takes 25.0% of the step (25.0 of 100.0 ms per batch)"
+    )
+    assert pin.figures["copy_share"] == 0.25
+    assert events.subscriber_count() == 0
+    pickle.loads(pickle.dumps(advisor))
+
+
+def test_pin_memory_follows_the_copy_measured_after_the_table(tmp_path: Path) -> None:
+    """Reported after 2 steps under 2%; the run's copy then grows, and the finding comes back."""
+
+    class Growing(_PublishesCopy):
+        def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+            self.share = 0.01 if trainer.global_step <= 3 else 0.5
+            super().on_train_batch_end(trainer, *args)
+
+    class Watch(Callback):
+        def __init__(self) -> None:
+            self.reported: list[str] | None = None
+
+        def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+            if self.reported is None and advisor.measured_steps:
+                self.reported = [f.id for f in advisor.findings]
+
+    advisor = advisor_(measure_steps=2, device_info=A100)
+    watch = Watch()
+    _fit_with([advisor, Growing(0.0), watch], tmp_path, steps=4)
+    assert watch.reported is not None
+    assert "pin-memory" not in watch.reported  # the table, at step 3: 1% of the step
+    (pin,) = _pin_memory(advisor)
+    assert pin.figures["copy_share"] == 0.5
+    assert [f.id for f in advisor.findings][:2] == ["dataloader-workers", "pin-memory"]
+
+
+def test_pin_memory_without_a_timeline_says_the_copy_was_not_measured(tmp_path: Path) -> None:
+    advisor = advisor_(measure_steps=2, device_info=A100)
+    _fit_with([advisor], tmp_path)
+    (pin,) = _pin_memory(advisor)
+    assert pin.evidence == "train_dataloader: pin_memory=False on NVIDIA A100; copy not measured"
+
+
+class _SlowCopy(TinyCNN):
+    """Its own transfer takes 30 ms: a copy that is a large share of a tiny step."""
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        time.sleep(0.03)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+
+def test_pin_memory_carries_the_step_timelines_share(tmp_path: Path) -> None:
+    from lightning_speedpack import StepTimeline
+
+    advisor = advisor_(measure_steps=2, device_info=A100)
+    timeline = StepTimeline(nvtx=False)
+    trainer = Trainer(callbacks=[advisor, timeline], **quiet_trainer_kwargs(tmp_path, max_steps=4))
+    trainer.fit(_SlowCopy(batch_size=16, n=64))
+    measured = timeline.measured_transfer()
+    assert measured is not None
+    pins = _pin_memory(advisor)
+    # the advice follows the timeline's own figure for the whole run, whichever side of 2%
+    assert [f.figures["copy_share"] for f in pins] == (
+        [round(measured.share, 4)] if measured.share >= 0.02 else []
+    )
+    assert events.subscriber_count() == 0

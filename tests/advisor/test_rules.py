@@ -8,7 +8,7 @@ from torch import nn
 
 from lightning_speedpack.advisor import rules as _advice
 from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
-from lightning_speedpack.core.events import DataVerdict
+from lightning_speedpack.core.events import BatchTransfer, DataVerdict
 
 CPU = DeviceInfo("cpu")
 A100 = DeviceInfo("cuda", "NVIDIA A100", (8, 0), has_tensor_cores=True)
@@ -312,3 +312,60 @@ def test_data_wait_follows_the_loaders_measured_wait(
     wait = AdvisorFinding("data-wait", "error", "72% waits", "hooks", "fix")
     measured = DataVerdict(bound, 1.0, 2.0, None, None, 0, fraction, ms)
     assert (_advice.with_measured_wait([wait], measured) == [wait]) is kept
+
+
+# --- pin-memory with the measured copy, from the step timeline -------------------------------
+
+
+def _pin() -> AdvisorFinding:
+    (f,) = _advice.check_pin_memory(loader(pin_memory=False), A100)
+    return f
+
+
+def _copy(transfer_ms: float, step_ms: float, **kw: object) -> BatchTransfer:
+    return BatchTransfer(transfer_ms, step_ms, 20, **kw)  # type: ignore[arg-type]
+
+
+def test_pin_memory_without_a_measurement_says_so() -> None:
+    other = AdvisorFinding("data-wait", "warning", "waits", "e", "fix")
+    kept, passed = _advice.with_measured_copy([_pin(), other], None)
+    assert kept.evidence == f"{_pin().evidence}; copy not measured"
+    assert (kept.message, kept.fix, kept.figures) == (_pin().message, _pin().fix, {})
+    assert passed is other
+    # a measurement of no batch at all is none either
+    (kept,) = _advice.with_measured_copy([_pin()], BatchTransfer(0.0, 0.0, 0))
+    assert kept.evidence.endswith("; copy not measured")
+
+
+def test_pin_memory_is_silent_when_the_copy_is_under_2_percent_of_the_step() -> None:
+    other = AdvisorFinding("data-wait", "warning", "waits", "e", "fix")
+    assert _advice.with_measured_copy([_pin(), other], _copy(1.9, 100.0)) == [other]
+    assert _advice.with_measured_copy([_pin()], _copy(0.0, 100.0)) == []
+    # a custom threshold
+    assert _advice.with_measured_copy([_pin()], _copy(4.0, 100.0), threshold=0.05) == []
+
+
+def test_pin_memory_carries_the_measured_copy_share() -> None:
+    # FIELD.md's Nsight hunt: 13.6 ms copying 154,140,672 bytes at ~11.3 GB/s, per batch
+    measured = _copy(13.6, 186.0, bytes_per_batch=154_140_672, gb_per_sec=11.3)
+    (f,) = _advice.with_measured_copy([_pin()], measured)
+    assert (f.id, f.severity, f.location, f.fix) == ("pin-memory", "warning", *_pin_rest())
+    assert f.evidence == (
+        "train_dataloader: pin_memory=False on NVIDIA A100; measured: the copy to the device "
+        "takes 7.3% of the step (13.6 of 186.0 ms per batch)"
+    )
+    assert f.figures == {
+        "copy_share": 0.0731,
+        "copy_ms_per_batch": 13.6,
+        "step_ms_per_batch": 186.0,
+        "h2d_bytes_per_batch": 154_140_672,
+        "h2d_gb_per_sec": 11.3,
+    }
+    # exactly at the threshold it stays; bytes and rate only when measured
+    (f,) = _advice.with_measured_copy([_pin()], _copy(2.0, 100.0))
+    assert f.figures == {"copy_share": 0.02, "copy_ms_per_batch": 2.0, "step_ms_per_batch": 100.0}
+    assert "2.0% of the step" in f.evidence
+
+
+def _pin_rest() -> tuple[str | None, str]:
+    return _pin().location, _pin().fix

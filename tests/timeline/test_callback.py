@@ -196,15 +196,8 @@ def _per_batch(rec: RecordingNvtx) -> list[list[str]]:
     return batches
 
 
-AUTOMATIC = [
-    "data_wait",
-    "training_step",
-    "zero_grad",
-    "backward",
-    "other",
-    "optimizer_step",
-    "other",
-]
+#: What a step opens before its training_step: the fetch and the copy, with Lightning between.
+BEFORE_STEP = ["other", "data_wait", "other", "batch_transfer", "other"]
 
 
 def test_nvtx_ranges_automatic_and_accumulation(tmp_path: Path) -> None:
@@ -219,11 +212,11 @@ def test_nvtx_ranges_automatic_and_accumulation(tmp_path: Path) -> None:
     assert rec.max_depth == 2
     batches = _per_batch(rec)
     # Lightning zeroes the gradients on the first batch of an accumulation, steps on the last
-    first = ["data_wait", "training_step", "zero_grad", "backward", "other"]
-    last = ["data_wait", "training_step", "backward", "other", "optimizer_step", "other"]
+    first = [*BEFORE_STEP, "training_step", "zero_grad", "backward", "other"]
+    last = [*BEFORE_STEP, "training_step", "backward", "other", "optimizer_step", "other"]
     assert batches[:4] == [first, last, first, last]
-    # after the last batch: data waits opened (after it, after validation) and closed unused
-    assert all(b == ["data_wait"] for b in batches[4:])
+    # after the last batch: steps opened (after it, after validation) and closed unused
+    assert all(b == ["other"] for b in batches[4:])
     _clean()
 
 
@@ -258,13 +251,12 @@ def test_nvtx_ranges_manual_optimisation_two_optimizers(tmp_path: Path) -> None:
     assert rec.depth == 0
     assert rec.max_depth == 3  # backward and optimizer_step nest inside training_step
     nested = ["backward", "optimizer_step"] * 2
-    assert _per_batch(rec)[0] == ["data_wait", "training_step", *nested]
+    assert _per_batch(rec)[0] == [*BEFORE_STEP, "training_step", *nested]
     # the nesting itself: training_step stays open around the backward/step pairs
-    ops = [(op, (n or "").removeprefix("speedpack/")) for op, n in rec.calls][:14]
+    ops = [(op, (n or "").removeprefix("speedpack/")) for op, n in rec.calls][:22]
     assert ops == [
         ("push", "step"),
-        ("push", "data_wait"),
-        ("pop", ""),
+        *[(op, name) for phase in BEFORE_STEP for op, name in (("push", phase), ("pop", ""))],
         ("push", "training_step"),
         ("push", "backward"),
         ("pop", ""),
@@ -295,7 +287,10 @@ class _Crash(TinyCNN):
         return loss
 
 
-def _fit_crashing(tmp_path: Path, error: BaseException) -> tuple[RecordingNvtx, StepTimeline]:
+def _fit_crashing(
+    tmp_path: Path, error: BaseException, raised: type[BaseException]
+) -> tuple[RecordingNvtx, StepTimeline]:
+    """Fit until ``error`` in step 6; the fit must end in ``raised``; check what it left."""
     rec = RecordingNvtx()
     timeline = StepTimeline(nvtx=rec.api, trace_steps=(5, 3), trace_dir=tmp_path / "traces")
     trainer = Trainer(
@@ -305,7 +300,8 @@ def _fit_crashing(tmp_path: Path, error: BaseException) -> tuple[RecordingNvtx, 
     model = _Crash(error)
     params = list(model.parameters())
     try:
-        trainer.fit(model)
+        with pytest.raises(raised):
+            trainer.fit(model)
     finally:
         handler = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT
@@ -314,21 +310,21 @@ def _fit_crashing(tmp_path: Path, error: BaseException) -> tuple[RecordingNvtx, 
     opt = torch.optim.SGD(params, lr=0.1)
     assert not opt._optimizer_step_post_hooks
     assert all(not o._optimizer_step_post_hooks for o in trainer.optimizers)
+    assert not {"start", "stop"} & set(vars(trainer.profiler))  # the profiler tap is gone
     return rec, timeline
 
 
 def test_cleanup_after_an_exception_mid_step(tmp_path: Path) -> None:
     before = global_state.snapshot()
-    with pytest.raises(RuntimeError, match="boom"):
-        _fit_crashing(tmp_path, RuntimeError("boom"))
+    _fit_crashing(tmp_path, RuntimeError("boom"), RuntimeError)
     _clean()
     assert global_state.diff(before, global_state.snapshot()) == {}
     assert not (tmp_path / "traces").exists()  # an interrupted window writes no file
 
 
 def test_cleanup_after_keyboard_interrupt(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit):  # Lightning's graceful shutdown ends in sys.exit(1)
-        _rec, _ = _fit_crashing(tmp_path, KeyboardInterrupt())
+    # Lightning's graceful shutdown ends in sys.exit(1)
+    _rec, _ = _fit_crashing(tmp_path, KeyboardInterrupt(), SystemExit)
     _clean()
 
 
@@ -339,6 +335,7 @@ def test_nvtx_balanced_after_exception(tmp_path: Path) -> None:
     )
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(_Crash(RuntimeError("boom"), at=2))
+    assert not {"start", "stop"} & set(vars(trainer.profiler))
     assert rec.depth == 0
     assert rec.max_depth == 2
     assert rec.calls[-1] == ("pop", None)

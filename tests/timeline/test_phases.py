@@ -10,6 +10,7 @@ from lightning_speedpack.timeline.phases import PHASES, PhaseClock, PhaseTotals,
 def test_switches_charge_the_running_phase_and_sum_to_the_batch() -> None:
     clock = PhaseClock()
     clock.switch("data_wait", 10.0)
+    clock.switch("batch_transfer", 10.25)
     clock.switch("training_step", 10.5)
     clock.switch("zero_grad", 11.0)
     clock.switch("backward", 11.25)
@@ -19,7 +20,8 @@ def test_switches_charge_the_running_phase_and_sum_to_the_batch() -> None:
     clock.end_batch(13.0)
     assert clock.run.batches == 1
     assert clock.run.seconds == {
-        "data_wait": 0.5,
+        "data_wait": 0.25,
+        "batch_transfer": 0.25,
         "training_step": 0.5,
         "zero_grad": 0.25,
         "backward": 0.75,
