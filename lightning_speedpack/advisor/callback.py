@@ -23,6 +23,7 @@ from lightning_speedpack.advisor.run_inputs import (
 from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_info
+from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, Cell, log_fit_end, log_summary, log_table
 
@@ -76,9 +77,12 @@ class SpeedAdvisor(Callback):
     ``severity``, ``message``, ``evidence``, ``fix``, ``location``, ``figures``);
     :meth:`doctor_findings` converts them to the doctor's ``Finding`` (component ``"advisor"``).
 
-    How things are measured: the data wait of a step is the time from the end of the previous
-    training batch (or the start of the epoch, or the end of a validation run) to the start of
-    this one, with ``time.perf_counter`` only: no device synchronisation, no collectives. The
+    How things are measured: the data wait of a step is the time spent inside the DataLoader's
+    fetch (the data fetcher's ``next``, which Lightning announces to ``trainer.profiler``; see
+    :mod:`~lightning_speedpack.core.profiler_tap`); the rest of the interval from the end of the
+    previous training batch (or the start of the epoch, or the end of a validation run) is the
+    step, so another callback's slow hook or a checkpoint save is not "waiting for data". Only
+    ``time.perf_counter``: no device synchronisation, no collectives. The
     first training step of a fit is a warm-up and not measured. ``zero-grad`` looks, before each
     backward that follows a ``zero_grad`` (automatic optimization only), for a parameter whose
     ``.grad`` is still a tensor; that is metadata, no sync. ``eval-grad`` is checked on every
@@ -209,7 +213,9 @@ class SpeedAdvisor(Callback):
         self._wait_s = 0.0
         self._step_s = 0.0
         self._mark: float | None = None
-        self._batch_start = 0.0
+        self._fetched = 0.0  # seconds inside the loader's fetch since the last mark
+        self._fetches: FetchTimer | None = None
+        self._tapped: Any = None  # the Trainer whose profiler the fetch timer listens to
         self._batch_idx = 0
         self._shapes: set[tuple[tuple[int, ...], ...]] = set()
         self._stale_param: str | None = None
@@ -230,6 +236,7 @@ class SpeedAdvisor(Callback):
         state["_verdicts"] = None  # so does the subscription to the data profiler's verdict
         state["_copies"] = None  # and the one to the step timeline's copy
         state["_patched_module"] = None
+        state["_fetches"] = state["_tapped"] = None  # the fetch timer listens to a live Trainer
         for bound in ("log", "log_dict"):  # Lightning binds the module's methods onto callbacks
             state.pop(bound, None)
         return state
@@ -288,13 +295,18 @@ class SpeedAdvisor(Callback):
         found += _advice.check_sync_batchnorm(pl_module, trainer.world_size, batch_size)
         self._static = found
         self._measuring = True
+        self._fetches, self._tapped = FetchTimer(self._on_fetch), trainer
+        tap(trainer, self._fetches)
 
     # --- measurement -----------------------------------------------------------------------
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._measuring:
-            self._mark = time.perf_counter()
+            self._mark, self._fetched = time.perf_counter(), 0.0
+
+    def _on_fetch(self, seconds: float) -> None:
+        self._fetched += seconds
 
     @override
     def on_train_batch_start(
@@ -302,11 +314,7 @@ class SpeedAdvisor(Callback):
     ) -> None:
         if not self._measuring:
             return
-        now = time.perf_counter()
         self._batch_idx = batch_idx
-        if self._warmup_done and self._mark is not None:
-            self._wait_s += now - self._mark
-        self._batch_start = now
         self._shapes.add(tuple(tensor_shapes(batch)))
 
     @override
@@ -336,18 +344,22 @@ class SpeedAdvisor(Callback):
         if not self._measuring:
             return
         now = time.perf_counter()
-        if self._warmup_done:
-            self._step_s += now - self._batch_start
+        if self._warmup_done and self._mark is not None:
+            # The interval since the last mark is this step: its fetch is the wait, the rest
+            # (the step, the copy, every callback's hooks) is not.
+            wait = min(self._fetched, now - self._mark)
+            self._wait_s += wait
+            self._step_s += now - self._mark - wait
             self._steps += 1
         self._warmup_done = True
-        self._mark = now
+        self._mark, self._fetched = now, 0.0
         if self._steps >= self.measure_steps:
             self._report(trainer)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._measuring:
-            self._mark = time.perf_counter()  # the wait after validation starts here
+            self._mark, self._fetched = time.perf_counter(), 0.0  # the wait after validation
         if not self._eval_checked:
             self._eval_checked = True
             self._remove_hooks()
@@ -420,6 +432,9 @@ class SpeedAdvisor(Callback):
 
     def _restore(self) -> None:
         self._measuring = False
+        if self._fetches is not None:
+            untap(self._tapped, self._fetches)
+            self._fetches = self._tapped = None
         if self._verdicts is not None:
             self._verdicts.close()
             self._verdicts = None
@@ -439,6 +454,9 @@ class SpeedAdvisor(Callback):
 
     def _report(self, trainer: pl.Trainer) -> None:
         self._measuring = False
+        if self._fetches is not None:  # measured: stop listening to every action
+            untap(self._tapped, self._fetches)
+            self._fetches = self._tapped = None
         self._reported = True
         module = trainer.lightning_module
         self.measured_steps = self._steps

@@ -18,10 +18,15 @@ the attributes when the last listener leaves. Several tools may listen to the sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any, Protocol
 
-__all__ = ["ActionListener", "tap", "untap"]
+__all__ = ["TRAIN_FETCH", "ActionListener", "FetchTimer", "tap", "untap"]
+
+#: How the name of the training fetch action ends. Matched as a suffix: the part before it is
+#: the epoch loop's class name, which a subclassed or future loop may change.
+TRAIN_FETCH = "].train_dataloader_next"
 
 
 class ActionListener(Protocol):
@@ -102,3 +107,38 @@ def untap(trainer: Any, listener: ActionListener) -> None:
     if not entry.listeners:
         entry.remove()
         del _TAPS[id(profiler)]
+
+
+class FetchTimer:
+    """An action listener that hands each training-batch fetch's seconds to ``charge``.
+
+    It is told of every profiled action (tens per batch: every hook of every callback), so the
+    check that rejects the others is one ``str.endswith``; a fetch costs one subtraction and one
+    call. Validation fetches (``...val_next``) are not training fetches and are ignored; a stop
+    whose start came before the tap is dropped.
+
+    Example:
+        >>> waits = []
+        >>> timer = FetchTimer(waits.append)
+        >>> timer.on_action("[_TrainingEpochLoop].train_dataloader_next", True, 1.0)
+        >>> timer.on_action("[Callback]Slow.on_train_batch_end", True, 1.5)  # not a fetch
+        >>> timer.on_action("[_TrainingEpochLoop].train_dataloader_next", False, 3.0)
+        >>> waits
+        [2.0]
+    """
+
+    __slots__ = ("_began", "_charge")
+
+    def __init__(self, charge: Callable[[float], None]) -> None:
+        self._charge = charge
+        self._began: float | None = None  # when the fetch in progress started
+
+    def on_action(self, name: str, started: bool, now: float) -> None:
+        """Time ``name`` if it is a training fetch; its seconds go to ``charge``."""
+        if not name.endswith(TRAIN_FETCH):
+            return
+        if started:
+            self._began = now
+        elif self._began is not None:
+            self._charge(now - self._began)
+            self._began = None

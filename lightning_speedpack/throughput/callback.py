@@ -3,7 +3,7 @@
 The hot path is what Lightning calls on every training batch: ``on_train_batch_start`` (one
 store), ``on_train_batch_end`` (one clock read, the batch size, one :meth:`StepClock.tick
 <lightning_speedpack.throughput.rates.StepClock.tick>` into preallocated buffers, a countdown)
-and the :class:`~lightning_speedpack.throughput.fetch.FetchTimer` tapped onto
+and the :class:`~lightning_speedpack.core.profiler_tap.FetchTimer` tapped onto
 ``trainer.profiler`` (a suffix check per profiled action, one subtraction per fetch). Everything
 the hooks need is resolved once per fit (the batch-size, items and FLOPs functions, the logging
 cadence, the rank); ``trainer.global_step`` (a chain of properties) is read only on the batches
@@ -28,7 +28,7 @@ from lightning_speedpack.core.batch import infer_batch_size
 from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
-from lightning_speedpack.core.profiler_tap import tap, untap
+from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.throughput import nvml as _nvml
 from lightning_speedpack.throughput.diagnosis import (
@@ -36,7 +36,6 @@ from lightning_speedpack.throughput.diagnosis import (
     data_wait_findings,
     getitem_location,
 )
-from lightning_speedpack.throughput.fetch import FetchTimer
 from lightning_speedpack.throughput.metrics import metric_keys, run_figures, throughput_metrics
 from lightning_speedpack.throughput.options import check_args, describe
 from lightning_speedpack.throughput.rates import StepClock, WindowRates
@@ -485,7 +484,7 @@ class ThroughputLogger(Callback):
     def _listen_to_fetches(self, trainer: pl.Trainer) -> None:
         """Time the DataLoader's fetches through ``trainer.profiler`` until the fit ends."""
         self._stop_listening(trainer)
-        self._fetches = FetchTimer(self._clock)
+        self._fetches = FetchTimer(self._clock.add_wait)
         tap(trainer, self._fetches)
 
     def _stop_listening(self, trainer: pl.Trainer) -> None:

@@ -25,7 +25,7 @@ from typing_extensions import override
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, classes
-from lightning_speedpack.core.profiler_tap import tap, untap
+from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.wall_time.findings import RunSettings, ValidationRun, wall_findings
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["WallTimeLedger"]
 
-_FETCH = "].train_dataloader_next"
 _TRANSFER = ".batch_to_device"
+_BEFORE_TRANSFER = "on_before_batch_transfer"
 _LOADER_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
 
 
@@ -87,8 +87,10 @@ class WallTimeLedger(Callback):
     ``speedpack/wall_time`` table and ``speedpack/wall/<part>_fraction`` summary fields (rank 0,
     every logger, see :mod:`lightning_speedpack.core.tables`), and gives the doctor findings for
     the causes outside the step (validation, checkpoints, logging, epoch starts, a callback's
-    hooks, CPU threads, anomaly detection, a profiler left on, a tiny batch). Every rank keeps its
-    own ledger; the report is rank 0's.
+    hooks, CPU threads, anomaly detection, a profiler left on, a tiny batch). The findings are
+    fixed at the first ask after training ended (what the run's findings table logs at
+    ``on_fit_end`` is what the doctor prints); the seconds keep counting to ``teardown``. Every
+    rank keeps its own ledger; the report is rank 0's.
 
     Example:
         >>> from pytorch_lightning import Trainer
@@ -114,6 +116,8 @@ class WallTimeLedger(Callback):
         self.settings: RunSettings | None = None
         self.saves = 0
         self.train_batches = 0
+        self._ended = False  # the fit loop has ended: the findings are final at the next ask
+        self._findings: list[Finding] | None = None
         self._first_fetch = False  # the next fetch is the epoch's first
         self._epoch_started = 0.0
         self._keys: dict[str, tuple[str, str] | None] = {}  # action name -> (key, detail)
@@ -235,7 +239,7 @@ class WallTimeLedger(Callback):
 
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Charge a profiled action (see :mod:`~lightning_speedpack.core.profiler_tap`)."""
-        if name.endswith(_FETCH):
+        if name.endswith(TRAIN_FETCH):
             self._on_fetch(started, now, name)
             return
         if name in self._keys:
@@ -282,6 +286,8 @@ class WallTimeLedger(Callback):
             return "batch_transfer", ""
         if kind in ("[LightningModule", "[LightningDataModule") and hook in _LOADER_HOOKS:
             return "setup", hook
+        if kind in ("[LightningModule", "[LightningDataModule") and hook == _BEFORE_TRANSFER:
+            return "batch_transfer", hook  # Lightning calls it just before `batch_to_device`
         return None
 
     # ---- brackets on the Trainer's loops -------------------------------------------------
@@ -337,7 +343,7 @@ class WallTimeLedger(Callback):
         self._first_fetch, self._epoch_started = True, now
 
     def _fit_loop_ends(self) -> None:
-        self._first_fetch = False
+        self._first_fetch, self._ended = False, True
         self.ledger.switch(perf_counter(), "end_of_fit")
 
     def _validation(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -360,6 +366,7 @@ class WallTimeLedger(Callback):
         return run
 
     def _finish(self, trainer: pl.Trainer) -> None:
+        self._ended = True
         self.ledger.close(perf_counter())
         for patch in reversed(self._patches):
             patch.undo()
@@ -434,7 +441,14 @@ class WallTimeLedger(Callback):
         """The causes outside the training step, each with its share of the wall time."""
         if self.ledger.started is None:
             return []
-        return wall_findings(self)
+        if self._findings is not None:
+            return list(self._findings)
+        found = wall_findings(self)
+        if self._ended or not self.ledger.is_open:
+            # Frozen at the first ask after training ended: the findings table the run logs at
+            # on_fit_end and the report printed after fit are then the same findings.
+            self._findings = found
+        return list(found)
 
 
 def _share(value: float, total: float) -> float:

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_speedpack import ThroughputLogger
 from lightning_speedpack.core import profiler_tap
-from lightning_speedpack.throughput.fetch import FETCH_ACTION_SUFFIX, FetchTimer
+from lightning_speedpack.core.profiler_tap import TRAIN_FETCH as FETCH_ACTION_SUFFIX
+from lightning_speedpack.core.profiler_tap import FetchTimer
 from lightning_speedpack.throughput.rates import StepClock, StepRecord
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
@@ -265,7 +266,7 @@ def test_a_users_simple_profiler_still_records_and_the_wait_is_timed(
 def test_fetch_timer_times_training_fetches_only() -> None:
     clock = StepClock(window=4)
     clock.epoch_start(0.0)
-    timer = FetchTimer(clock)
+    timer = FetchTimer(clock.add_wait)
     timer.on_action("[MyLoop].train_dataloader_next", False, 0.5)  # its start came before the tap
     timer.on_action("[_TrainingEpochLoop].train_dataloader_next", True, 1.0)
     timer.on_action("[Callback]ModelCheckpoint.on_train_batch_end", True, 1.25)
