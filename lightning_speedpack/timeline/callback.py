@@ -14,38 +14,27 @@ from typing_extensions import override
 
 from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
-from lightning_speedpack.core.lightning import Callback, classes, rank_zero_warn
+from lightning_speedpack.core.lightning import Callback, rank_zero_warn
 from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.profiler_tap import tap, untap
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
+from lightning_speedpack.timeline import options, report
 from lightning_speedpack.timeline import transfer as _transfer
 from lightning_speedpack.timeline.nvtx import NvtxApi, resolve_nvtx
+from lightning_speedpack.timeline.options import TRACE_DIR_ENV, TRACE_ENV
 from lightning_speedpack.timeline.phases import PHASES, PhaseClock, shares
 from lightning_speedpack.timeline.ranges import RangeStack
-from lightning_speedpack.timeline.trace import (
-    SYNC_PREFIX,
-    TopOp,
-    TraceWindow,
-    check_trace_steps,
-    parse_trace_steps,
-)
+from lightning_speedpack.timeline.trace import SYNC_PREFIX, TopOp, TraceWindow
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
+# TRACE_ENV and TRACE_DIR_ENV live in options; the doctor's CLI imports them from here
 __all__ = ["TRACE_DIR_ENV", "TRACE_ENV", "StepTimeline"]
-
-#: ``START:COUNT``: the trace window of the doctor's StepTimeline (``speedpack doctor --trace``).
-TRACE_ENV = "LIGHTNING_SPEEDPACK_TRACE"
-#: Where the doctor's StepTimeline writes its trace (default: the Trainer's log dir).
-TRACE_DIR_ENV = "LIGHTNING_SPEEDPACK_TRACE_DIR"
 
 _RANGE = {phase: f"speedpack/{phase}" for phase in PHASES}
 _STEP_RANGE = "speedpack/step"
 _PREFIX = "throughput/phase/"
-_BYTES_KEY = "data/h2d_bytes_per_batch"
-_PINNED_KEY = "data/h2d_pinned"
-_RATE_KEY = "data/h2d_gb_per_sec"
 
 
 class StepTimeline(Callback):
@@ -186,7 +175,7 @@ class StepTimeline(Callback):
         profile_memory: bool = False,
         with_stack: bool = False,
     ) -> None:
-        steps = _check_args(
+        steps = options.check_options(
             ranges,
             nvtx,
             trace_steps,
@@ -222,12 +211,7 @@ class StepTimeline(Callback):
         self._sync_always = False
         self._tapped: Any = None  # the Trainer whose profiler this listens to
         self._actions: dict[str, str] = {}  # profiled action name -> transfer.action_kind
-        self._timer: _transfer.CopyTimer | None = None
-        self._pinned = False
-        self._sampling = False  # this rank samples the copy's bytes (rank 0 logs them)
-        self._sample = False  # the next batch is sampled
-        self._bytes: int | None = None
-        self._gb_per_sec: float | None = None
+        self._copy = _transfer.CopySampler()  # pickles without its device events
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -241,7 +225,6 @@ class StepTimeline(Callback):
             _training=False,
             _tapped=None,
             _actions={},
-            _timer=None,
         )
         return state
 
@@ -257,18 +240,7 @@ class StepTimeline(Callback):
 
     def measured_transfer(self) -> events.BatchTransfer | None:
         """The copy of the batches to the device over the fit so far (None before a batch)."""
-        run = self._clock.run
-        if not run.batches:
-            return None
-        ms = run.mean_ms()
-        return events.BatchTransfer(
-            transfer_ms_per_batch=ms["batch_transfer"],
-            step_ms_per_batch=sum(ms.values()),
-            batches=run.batches,
-            bytes_per_batch=self._bytes,
-            pinned=self._pinned,
-            gb_per_sec=self._gb_per_sec,
-        )
+        return self._copy.measured(self._clock.run)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -282,7 +254,7 @@ class StepTimeline(Callback):
         self.last_metrics = {}
         self.trace_path = None
         self.top_ops = []
-        self._bytes = self._gb_per_sec = None
+        self._copy.reset()
         table = resolve_nvtx(self.nvtx) if self.ranges else None
         self._ranges = RangeStack(table, profiler=self.ranges)
         self._sync_always = table is not None
@@ -293,10 +265,8 @@ class StepTimeline(Callback):
                 if self.trace_dir is not None
                 else Path(trainer.log_dir or trainer.default_root_dir) / "traces"
             )
-            start, count = self.trace_steps
             self._window = TraceWindow(
-                start,
-                count,
+                *self.trace_steps,
                 directory,
                 rank=trainer.global_rank,
                 cuda=trainer.strategy.root_device.type == "cuda",
@@ -325,11 +295,7 @@ class StepTimeline(Callback):
     ) -> None:
         if not self._step_open:
             self._open_step(trainer)
-        if self._sample:  # once per logging window: charged to `other`, before the step
-            self._sample = False
-            self._bytes = _transfer.batch_bytes(batch)
-            if self._timer is not None:
-                self._timer.set_bytes(self._bytes)
+        self._copy.sample(batch)  # once per logging window: charged to `other`, before the step
         self._in_batch = True
         self._flat("training_step")
 
@@ -425,53 +391,11 @@ class StepTimeline(Callback):
 
     def doctor_figures(self) -> dict[str, Any]:
         """``phase_share`` and ``phase_ms`` (per phase), and the copy's ``h2d_*`` when measured."""
-        if not self._clock.run.batches:
-            return {}
-        figures: dict[str, Any] = {
-            "phase_share": {k: round(v, 4) for k, v in self.phase_shares().items()},
-            "phase_ms": {k: round(v, 3) for k, v in self.phase_ms().items()},
-        }
-        if self._bytes is not None:
-            figures["h2d_bytes_per_batch"] = self._bytes
-            figures["h2d_pinned"] = int(self._pinned)
-        if self._gb_per_sec is not None:
-            figures["h2d_gb_per_sec"] = round(self._gb_per_sec, 3)
-        return figures
+        return report.doctor_figures(self._clock.run, self.measured_transfer())
 
     def doctor_findings(self) -> list[Finding]:
         """The share of a training batch each phase takes, and the trace file (both info)."""
-        out: list[Finding] = []
-        if self._clock.run.batches:
-            ranked = sorted(self.phase_shares().items(), key=lambda kv: -kv[1])
-            breakdown = ", ".join(f"{name} {share:.0%}" for name, share in ranked if share > 0)
-            out.append(
-                Finding(
-                    "timeline",
-                    "step-phases",
-                    f"Where a training batch's host time goes: {breakdown}",
-                    figures={k: round(v, 4) for k, v in ranked},
-                    severity="info",
-                    fix=(
-                        "profile a few steps with StepTimeline(trace_steps=(START, COUNT)) or "
-                        "`speedpack doctor --trace START:COUNT` to see the operators of the "
-                        "largest phase"
-                    ),
-                )
-            )
-        if self.trace_path is not None:
-            top = ", ".join(f"{op.name} {op.self_ms:.1f} ms" for op in self.top_ops[:3])
-            out.append(
-                Finding(
-                    "timeline",
-                    "trace",
-                    f"Trace of the profiled steps written; top operators by self time: {top}",
-                    location=str(self.trace_path),
-                    figures={op.name: round(op.self_ms, 3) for op in self.top_ops},
-                    severity="info",
-                    fix="open the file in https://ui.perfetto.dev",
-                )
-            )
-        return out
+        return report.doctor_findings(self._clock.run, self.trace_path, self.top_ops)
 
     # ---- the fetch and the copy, from the profiler's actions ---------------------------------
 
@@ -495,23 +419,17 @@ class StepTimeline(Callback):
         elif started:
             if self._clock.current != "batch_transfer":
                 self._flat("batch_transfer", now)
-            if self._sample and self._timer is not None:
-                self._timer.begin()
+            self._copy.begin()
         else:
-            if self._timer is not None:
-                self._timer.end()
+            self._copy.end()
             self._flat("other", now)
 
     def _watch_transfer(self, trainer: pl.Trainer) -> None:
         """Listen to the profiler's actions; decide how this fit's copies are measured."""
         tap(trainer, self)
         self._tapped = trainer
-        device = trainer.strategy.root_device
-        timing = _transfer.TIMING  # read now: tests replace it
-        self._timer = _transfer.CopyTimer(timing) if timing.applies(device) else None
         loaders = leaves(trainer.train_dataloader, DataLoader)
-        self._pinned = _transfer.loader_pins(loaders, device)
-        self._sampling = self._sample = trainer.is_global_zero
+        self._copy.start(trainer.strategy.root_device, loaders, sampling=trainer.is_global_zero)
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -537,18 +455,13 @@ class StepTimeline(Callback):
         self._in_batch = False
         self._step_open = False
 
-    def _flat(self, phase: str, now: float | None = None) -> None:
-        self._ranges.pop_to(1)
+    def _flat(self, phase: str, now: float | None = None, depth: int = 1) -> None:
+        self._ranges.pop_to(depth)
         self._ranges.push(_RANGE[phase])
         self._clock.switch(phase, time.perf_counter() if now is None else now)
 
     def _enter(self, phase: str) -> None:
-        if not self._manual:
-            self._flat(phase)
-            return
-        self._ranges.pop_to(2)  # nested inside training_step
-        self._ranges.push(_RANGE[phase])
-        self._clock.switch(phase, time.perf_counter())
+        self._flat(phase, depth=2 if self._manual else 1)  # manual: nested inside training_step
 
     def _leave(self) -> None:
         if not self._manual:
@@ -563,22 +476,10 @@ class StepTimeline(Callback):
         if not trainer.is_global_zero:
             return
         metrics = {f"{_PREFIX}{name}_ms": value for name, value in means.items()}
-        metrics.update(self._copy_metrics())
+        metrics.update(self._copy.take_metrics())
         self.last_metrics = metrics
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
-
-    def _copy_metrics(self) -> dict[str, float]:
-        """The sampled copy's bytes, pinned-ness and GB/s (when just read); sample the next."""
-        self._sample = self._sampling
-        out: dict[str, float] = {}
-        if self._bytes is not None:
-            out[_BYTES_KEY] = float(self._bytes)
-            out[_PINNED_KEY] = float(self._pinned)
-        rate = self._timer.read() if self._timer is not None else None  # None: not done yet
-        if rate is not None:
-            self._gb_per_sec = out[_RATE_KEY] = rate
-        return out
 
     def _listen(self) -> None:
         if self._subscription is None:
@@ -613,17 +514,15 @@ class StepTimeline(Callback):
         self.trace_path = window.path
         self.top_ops = window.top_ops
         if trainer.is_global_zero and window.path is not None:
-            _print_top_ops(window)
-            _log_wandb_artifact(trainer, window.path)
+            report.print_top_ops(window)
+            report.log_wandb_artifact(trainer.loggers, window.path)
 
     def _cleanup(self) -> None:
         """Stop the profiler, pop every range, remove hooks and listeners (idempotent)."""
         self._training = False
         self._in_batch = False
         self._step_open = False
-        self._sample = False
-        if self._timer is not None:
-            self._timer.abandon()
+        self._copy.stop()
         try:
             self._ranges.close_all()
         finally:
@@ -640,81 +539,9 @@ class StepTimeline(Callback):
                 handle.remove()
 
 
-def _print_top_ops(window: TraceWindow) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(
-        title=f"Top operators by self time, steps {window.first_step}-{window.last_step}",
-        caption=f"trace: {window.path} (open in https://ui.perfetto.dev)",
-    )
-    for column in ("operator", "self ms", "calls"):
-        table.add_column(column, overflow="fold")
-    for op in window.top_ops:
-        table.add_row(op.name, f"{op.self_ms:.3f}", str(op.calls))
-    Console(stderr=True).print(table)
-
-
-def _log_wandb_artifact(trainer: pl.Trainer, path: Path) -> None:
-    loggers = [lg for lg in trainer.loggers if isinstance(lg, classes("loggers.WandbLogger"))]
-    if not loggers:
-        return
-    import wandb
-
-    for logger in loggers:
-        run = logger.experiment
-        artifact = wandb.Artifact(name=f"speedpack-trace-{run.id}", type="profile")
-        artifact.add_file(str(path))
-        run.log_artifact(artifact)
-
-
-def _check_args(
-    ranges: Any,
-    nvtx: Any,
-    trace_steps: Any,
-    trace_dir: Any,
-    log_every_n_steps: Any,
-    record_shapes: Any,
-    profile_memory: Any,
-    with_stack: Any,
-) -> tuple[int, int] | None:
-    flags = {
-        "ranges": ranges,
-        "record_shapes": record_shapes,
-        "profile_memory": profile_memory,
-        "with_stack": with_stack,
-    }
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"`{name}` must be a bool, got {value!r}")
-    if not (isinstance(nvtx, (bool, NvtxApi)) or nvtx == "auto"):
-        raise (ValueError if isinstance(nvtx, str) else TypeError)(
-            f"`nvtx` must be 'auto', True, False or an NvtxApi, got {nvtx!r}"
-        )
-    if nvtx is True and not torch.cuda.is_available():
-        raise ValueError("`nvtx=True` needs CUDA (torch.cuda.is_available() is False); use 'auto'")
-    steps = check_trace_steps(trace_steps)
-    if trace_dir is not None and not isinstance(trace_dir, (str, os.PathLike)):
-        raise TypeError(f"`trace_dir` must be a path or None, got {trace_dir!r}")
-    if log_every_n_steps is not None and (
-        isinstance(log_every_n_steps, bool) or not isinstance(log_every_n_steps, int)
-    ):
-        raise TypeError(f"`log_every_n_steps` must be an int or None, got {log_every_n_steps!r}")
-    if log_every_n_steps is not None and log_every_n_steps < 1:
-        raise ValueError(f"`log_every_n_steps` must be a positive int, got {log_every_n_steps}")
-    options = [name for name in ("record_shapes", "profile_memory", "with_stack") if flags[name]]
-    if steps is None and options:
-        raise ValueError(
-            f"{', '.join(f'`{o}`' for o in options)} only apply to a trace window: "
-            "pass `trace_steps=(start, count)` too"
-        )
-    return steps
-
-
 def _doctor_factory(ctx: DoctorContext) -> StepTimeline:
-    text = os.environ.get(TRACE_ENV, "").strip()
-    steps = parse_trace_steps(text) if text else None
-    return StepTimeline(trace_steps=steps, trace_dir=os.environ.get(TRACE_DIR_ENV) or None)
+    steps, directory = options.doctor_trace()
+    return StepTimeline(trace_steps=steps, trace_dir=directory)
 
 
 register_diagnostic("timeline", StepTimeline, factory=_doctor_factory, order=60)

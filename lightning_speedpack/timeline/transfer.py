@@ -12,6 +12,8 @@ The device-side rate needs CUDA events. They are made through :data:`TIMING`, a 
 table that a test replaces with fake events, which is how the CUDA path is exercised on a
 CPU-only machine. :class:`CopyTimer` records one pair around a sampled copy and reads it only
 once the end event has completed (``query()``), so timing never waits for the device.
+:class:`CopySampler` holds what the timeline knows of the run's copies: one sampled batch per
+logging window (its bytes and, on CUDA, its rate) and whether the loaders pin.
 """
 
 from __future__ import annotations
@@ -22,13 +24,19 @@ from typing import Any, Protocol
 
 import torch
 
+from lightning_speedpack.core.events import BatchTransfer
 from lightning_speedpack.core.nested import leaves
+from lightning_speedpack.timeline.phases import PhaseTotals
 
 __all__ = [
     "BEFORE",
+    "BYTES_KEY",
     "FETCH",
+    "PINNED_KEY",
+    "RATE_KEY",
     "TIMING",
     "TRANSFER",
+    "CopySampler",
     "CopyTimer",
     "DeviceTiming",
     "TimingEvent",
@@ -42,6 +50,11 @@ __all__ = [
 FETCH = "fetch"
 BEFORE = "before_transfer"
 TRANSFER = "transfer"
+
+#: The keys :meth:`CopySampler.take_metrics` returns for the timeline to log.
+BYTES_KEY = "data/h2d_bytes_per_batch"
+PINNED_KEY = "data/h2d_pinned"
+RATE_KEY = "data/h2d_gb_per_sec"
 
 _FETCH_SUFFIX = "].train_dataloader_next"
 _BEFORE_SUFFIX = ".on_before_batch_transfer"
@@ -203,3 +216,94 @@ class CopyTimer:
     def abandon(self) -> None:
         """Forget an unfinished pair (the fit was interrupted); its events may be reused."""
         self._state, self._bytes = "idle", 0
+
+
+class CopySampler:
+    """The run's copies to the device as one batch sampled per logging window sees them.
+
+    :meth:`start` decides, when training starts, whether copies are timed (:data:`TIMING`
+    applies to the device), whether the loaders pin, and whether this rank samples at all. The
+    first batch after :meth:`start` and after each :meth:`take_metrics` is sampled: its copy is
+    timed between :meth:`begin` and :meth:`end` and its bytes are walked in :meth:`sample`.
+
+    Example:
+        >>> sampler = CopySampler()
+        >>> sampler.start(torch.device("cpu"), [], sampling=True)
+        >>> sampler.sample({"x": torch.zeros(2, 4)}); sampler.sample(torch.zeros(9))
+        >>> sampler.take_metrics()
+        {'data/h2d_bytes_per_batch': 32.0, 'data/h2d_pinned': 0.0}
+    """
+
+    def __init__(self) -> None:
+        self.timer: CopyTimer | None = None
+        self.pinned = False
+        self.sampling = False  # this rank samples the copy's bytes (rank 0 logs them)
+        self.pending = False  # the next batch is sampled
+        self.bytes: int | None = None
+        self.gb_per_sec: float | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a timer holds device events: runtime only, made again by the next start()
+        return {**self.__dict__, "timer": None}
+
+    def reset(self) -> None:
+        """Forget the last fit's sampled bytes and rate (a new fit)."""
+        self.bytes = self.gb_per_sec = None
+
+    def start(self, device: torch.device, loaders: Iterable[Any], sampling: bool) -> None:
+        """Training starts on ``device`` from ``loaders``; ``sampling``: this rank samples."""
+        timing = TIMING  # read now: tests replace it
+        self.timer = CopyTimer(timing) if timing.applies(device) else None
+        self.pinned = loader_pins(loaders, device)
+        self.sampling = self.pending = sampling
+
+    def begin(self) -> None:
+        """The copy of a batch starts (timed when that batch is sampled)."""
+        if self.pending and self.timer is not None:
+            self.timer.begin()
+
+    def end(self) -> None:
+        """The copy of a batch ended."""
+        if self.timer is not None:
+            self.timer.end()
+
+    def sample(self, batch: Any) -> None:
+        """Walk the copied ``batch``'s bytes if it is the sampled one."""
+        if not self.pending:
+            return
+        self.pending = False
+        self.bytes = batch_bytes(batch)
+        if self.timer is not None:
+            self.timer.set_bytes(self.bytes)
+
+    def take_metrics(self) -> dict[str, float]:
+        """The sampled copy's bytes, pinned-ness and GB/s (when just read); sample the next."""
+        self.pending = self.sampling
+        out: dict[str, float] = {}
+        if self.bytes is not None:
+            out[BYTES_KEY] = float(self.bytes)
+            out[PINNED_KEY] = float(self.pinned)
+        rate = self.timer.read() if self.timer is not None else None  # None: not done yet
+        if rate is not None:
+            self.gb_per_sec = out[RATE_KEY] = rate
+        return out
+
+    def stop(self) -> None:
+        """Sample nothing more and forget an unfinished timing (the fit ended or failed)."""
+        self.pending = False
+        if self.timer is not None:
+            self.timer.abandon()
+
+    def measured(self, run: PhaseTotals) -> BatchTransfer | None:
+        """The run's copy so far, from its phase totals (None before a batch)."""
+        if not run.batches:
+            return None
+        ms = run.mean_ms()
+        return BatchTransfer(
+            transfer_ms_per_batch=ms["batch_transfer"],
+            step_ms_per_batch=sum(ms.values()),
+            batches=run.batches,
+            bytes_per_batch=self.bytes,
+            pinned=self.pinned,
+            gb_per_sec=self.gb_per_sec,
+        )

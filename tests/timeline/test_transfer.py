@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -146,3 +147,60 @@ def test_copy_timer_without_bytes_or_after_abandon() -> None:
 def test_default_timing_is_cuda_only() -> None:
     assert transfer.TIMING.applies(torch.device("cuda", 0))
     assert not transfer.TIMING.applies(torch.device("cpu"))
+
+
+def _sampler(
+    monkeypatch: pytest.MonkeyPatch, sampling: bool = True
+) -> tuple[transfer.CopySampler, _Clock]:
+    clock = _Clock(tick_ms=4.0)
+    monkeypatch.setattr(transfer, "TIMING", DeviceTiming(lambda d: True, clock.event))
+    sampler = transfer.CopySampler()
+    sampler.start(torch.device("cuda", 0), [DataLoader(range(4), pin_memory=True)], sampling)
+    return sampler, clock
+
+
+def test_copy_sampler_times_one_batch_per_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampler, clock = _sampler(monkeypatch)
+    sampler.begin()
+    sampler.end()
+    sampler.sample(torch.zeros(1_000_000, dtype=torch.float64))  # 8 MB, the sampled batch
+    sampler.begin()  # the next batch's copy is not timed
+    sampler.end()
+    sampler.sample(torch.zeros(3))
+    assert sampler.take_metrics() == {
+        transfer.BYTES_KEY: 8_000_000.0,
+        transfer.PINNED_KEY: 1.0,
+    }  # the device has not reached the end event yet
+    clock.ready = True
+    assert sampler.take_metrics() == {
+        transfer.BYTES_KEY: 8_000_000.0,
+        transfer.PINNED_KEY: 1.0,
+        transfer.RATE_KEY: pytest.approx(2.0),  # 8 MB in 4 ms
+    }
+    assert clock.made == 2
+    assert sampler.gb_per_sec == pytest.approx(2.0)
+    sampler.reset()
+    assert (sampler.bytes, sampler.gb_per_sec) == (None, None)
+
+
+def test_copy_sampler_on_a_rank_that_does_not_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampler, clock = _sampler(monkeypatch, sampling=False)
+    sampler.begin()
+    sampler.end()
+    sampler.sample(torch.zeros(4))
+    clock.ready = True
+    assert sampler.take_metrics() == {}
+    assert clock.made == 0
+
+
+def test_copy_sampler_stop_and_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    sampler, _ = _sampler(monkeypatch)
+    sampler.begin()
+    sampler.stop()  # interrupted mid-copy: the pair is forgotten, nothing more is sampled
+    assert sampler.timer is not None
+    assert not sampler.timer.busy
+    sampler.sample(torch.zeros(4))
+    assert sampler.bytes is None
+    clone = pickle.loads(pickle.dumps(sampler))
+    assert (clone.timer, clone.pinned, clone.sampling) == (None, True, True)
+    assert sampler.timer is not None  # pickling leaves the original its timer

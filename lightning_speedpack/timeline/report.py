@@ -1,0 +1,119 @@
+"""What a fit's timeline tells people: the doctor's figures and findings, a window's trace.
+
+The phase times come from a :class:`~lightning_speedpack.timeline.phases.PhaseTotals` and the
+measured copy from a :class:`~lightning_speedpack.core.events.BatchTransfer`; a finished
+:class:`~lightning_speedpack.timeline.trace.TraceWindow` is printed as a table of its top
+operators and uploaded to W&B as a ``profile`` artifact. Nothing here measures anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.lightning import classes
+from lightning_speedpack.timeline.phases import PhaseTotals, shares
+from lightning_speedpack.timeline.trace import TopOp, TraceWindow
+
+if TYPE_CHECKING:
+    from lightning_speedpack.core.events import BatchTransfer
+
+__all__ = ["doctor_figures", "doctor_findings", "log_wandb_artifact", "print_top_ops"]
+
+
+def doctor_figures(run: PhaseTotals, copy: BatchTransfer | None) -> dict[str, Any]:
+    """``phase_share`` and ``phase_ms`` (per phase), and the copy's ``h2d_*`` when measured.
+
+    Example:
+        >>> run = PhaseTotals()
+        >>> run.add({"data_wait": 0.001, "training_step": 0.003})
+        >>> doctor_figures(run, None)["phase_share"]["training_step"]
+        0.75
+    """
+    if not run.batches:
+        return {}
+    figures: dict[str, Any] = {
+        "phase_share": {k: round(v, 4) for k, v in shares(run.seconds).items()},
+        "phase_ms": {k: round(v, 3) for k, v in run.mean_ms().items()},
+    }
+    if copy is not None and copy.bytes_per_batch is not None:
+        figures["h2d_bytes_per_batch"] = copy.bytes_per_batch
+        figures["h2d_pinned"] = int(copy.pinned)
+    if copy is not None and copy.gb_per_sec is not None:
+        figures["h2d_gb_per_sec"] = round(copy.gb_per_sec, 3)
+    return figures
+
+
+def doctor_findings(
+    run: PhaseTotals, trace_path: Path | None, top_ops: list[TopOp]
+) -> list[Finding]:
+    """The share of a training batch each phase takes, and the trace file (both info)."""
+    out: list[Finding] = []
+    if run.batches:
+        out.append(_phases_finding(shares(run.seconds)))
+    if trace_path is not None:
+        out.append(_trace_finding(trace_path, top_ops))
+    return out
+
+
+def _phases_finding(phase_shares: dict[str, float]) -> Finding:
+    ranked = sorted(phase_shares.items(), key=lambda kv: -kv[1])
+    breakdown = ", ".join(f"{name} {share:.0%}" for name, share in ranked if share > 0)
+    return Finding(
+        "timeline",
+        "step-phases",
+        f"Where a training batch's host time goes: {breakdown}",
+        figures={k: round(v, 4) for k, v in ranked},
+        severity="info",
+        fix=(
+            "profile a few steps with StepTimeline(trace_steps=(START, COUNT)) or "
+            "`speedpack doctor --trace START:COUNT` to see the operators of the "
+            "largest phase"
+        ),
+    )
+
+
+def _trace_finding(trace_path: Path, top_ops: list[TopOp]) -> Finding:
+    top = ", ".join(f"{op.name} {op.self_ms:.1f} ms" for op in top_ops[:3])
+    return Finding(
+        "timeline",
+        "trace",
+        f"Trace of the profiled steps written; top operators by self time: {top}",
+        location=str(trace_path),
+        figures={op.name: round(op.self_ms, 3) for op in top_ops},
+        severity="info",
+        fix="open the file in https://ui.perfetto.dev",
+    )
+
+
+def print_top_ops(window: TraceWindow) -> None:
+    """Print the window's top operators by self time, and where its trace is, to stderr."""
+    # rich is only needed once a window has finished: keep it off the import path
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"Top operators by self time, steps {window.first_step}-{window.last_step}",
+        caption=f"trace: {window.path} (open in https://ui.perfetto.dev)",
+    )
+    for column in ("operator", "self ms", "calls"):
+        table.add_column(column, overflow="fold")
+    for op in window.top_ops:
+        table.add_row(op.name, f"{op.self_ms:.3f}", str(op.calls))
+    Console(stderr=True).print(table)
+
+
+def log_wandb_artifact(loggers: list[Any], path: Path) -> None:
+    """Log the trace at ``path`` as a ``profile`` artifact to the run of each ``WandbLogger``."""
+    wandb_loggers = [lg for lg in loggers if isinstance(lg, classes("loggers.WandbLogger"))]
+    if not wandb_loggers:
+        return
+    # a WandbLogger is attached, so wandb is installed; the import stays lazy for everyone else
+    import wandb
+
+    for logger in wandb_loggers:
+        run = logger.experiment
+        artifact = wandb.Artifact(name=f"speedpack-trace-{run.id}", type="profile")
+        artifact.add_file(str(path))
+        run.log_artifact(artifact)
