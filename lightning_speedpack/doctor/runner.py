@@ -242,17 +242,17 @@ class DoctorSession:
     @staticmethod
     def _wrap_fit(trainer_type: type[Any]) -> Any:
         # The wall-time ledger's first hook comes after Lightning has set up the strategy and
-        # the process group: tell it when `fit` was entered, so that time is charged too.
+        # the process group, its last before the module's teardown and the profiler's summary:
+        # tell it when `fit` was entered and returned, so that time is charged too.
         original = trainer_type.fit
 
         @functools.wraps(original)
         def fit(trainer: pl.Trainer, *args: Any, **kwargs: Any) -> Any:
-            now = time.perf_counter()
-            for callback in trainer.callbacks:  # type: ignore[attr-defined]
-                entered = getattr(callback, "fit_entered", None)
-                if callable(entered):
-                    entered(now)
-            return original(trainer, *args, **kwargs)
+            _tell(trainer, "fit_entered")
+            try:
+                return original(trainer, *args, **kwargs)
+            finally:
+                _tell(trainer, "fit_returned")
 
         trainer_type.fit = fit
         return original
@@ -311,6 +311,15 @@ class DoctorSession:
                 run.figures.update(figures)
                 report.runs.append(run)
         return report
+
+
+def _tell(trainer: Any, method: str) -> None:
+    """Call ``method(now)`` on every callback of ``trainer`` that has it (the wall-time ledger)."""
+    now = time.perf_counter()
+    for callback in trainer.callbacks:
+        hook = getattr(callback, method, None)
+        if callable(hook):
+            hook(now)
 
 
 def _safe_findings(diagnostic: Diagnostic, callback: Diagnosable) -> list[Finding]:

@@ -38,6 +38,7 @@ __all__ = ["WallTimeLedger"]
 
 _TRANSFER = ".batch_to_device"
 _BEFORE_TRANSFER = "on_before_batch_transfer"
+_LOGGER_WRITES = ("log_metrics", "log_hyperparams", "save", "finalize")
 _LOADER_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
 
 
@@ -168,6 +169,14 @@ class WallTimeLedger(Callback):
         hook (the strategy's environment, the process group, ``prepare_data``).
         """
         self._fit_entered = now
+
+    def fit_returned(self, now: float) -> None:
+        """Extend the ledger to ``now``, when ``Trainer.fit`` returned (or raised).
+
+        What Lightning runs after the callbacks' ``teardown`` (the module's ``teardown``, the
+        profiler's ``describe()``) is then counted as ``end_of_fit``; the doctor calls this.
+        """
+        self.ledger.extend(now, "end_of_fit")
 
     # ---- Lightning hooks -----------------------------------------------------------------
 
@@ -302,10 +311,14 @@ class WallTimeLedger(Callback):
         connector = getattr(trainer, "_logger_connector", None)
         if connector is not None and hasattr(connector, "log_metrics"):
             self._wrap(connector, "log_metrics", self._bracketed("logging", "log_metrics"))
+        # Each logger's own writes, whoever calls them (a callback logging its figures too).
+        for logger in trainer.loggers:
+            for method in _LOGGER_WRITES:
+                self._wrap(logger, method, self._bracketed("logging", f"logger.{method}"))
 
     def _wrap(self, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Any]) -> None:
         original = getattr(owner, name, None)
-        if original is None:
+        if original is None or not hasattr(owner, "__dict__"):
             return  # another Lightning version: that part goes to its neighbour
         saved = owner.__dict__.get(name, _ABSENT)
         setattr(owner, name, functools.wraps(original)(wrapper(original)))

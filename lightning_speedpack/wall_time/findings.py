@@ -203,7 +203,11 @@ def _logging(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Findi
     if share <= LOGGING_SHARE:
         return []
     seconds = ledger.seconds()["logging"]
-    loggers = sum(v for (k, d), v in ledger.ledger.details.items() if d == "log_metrics")
+    loggers = sum(
+        v
+        for (k, d), v in ledger.ledger.details.items()
+        if k == "logging" and (d == "log_metrics" or d.startswith("logger."))
+    )
     bars = max(0.0, seconds - loggers)
     refresh = f" (now {s.progress_refresh})" if s.progress_refresh is not None else ""
     return [

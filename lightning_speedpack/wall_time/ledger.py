@@ -129,6 +129,13 @@ class Ledger:
         self._stack.clear()
         self.ended = now
 
+    def extend(self, now: float, key: str) -> None:
+        """After :meth:`close`, charge the time from the close to ``now`` to ``key``."""
+        if self.ended is None or now <= self.ended:
+            return
+        self.seconds[key] += now - self.ended
+        self.ended = now
+
     def _charge(self, now: float) -> None:
         elapsed = now - self._last
         self._last = now

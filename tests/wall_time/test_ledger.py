@@ -83,3 +83,13 @@ def test_the_parts_sum_to_the_span_whatever_the_nesting(seed: int) -> None:
 def test_callback_keys_belong_to_the_callbacks_part() -> None:
     assert part_of("callback:ModelSummary") == "callbacks"
     assert part_of("validation") == "validation"
+
+
+def test_extend_after_close_charges_the_tail_to_one_part() -> None:
+    ledger = Ledger()
+    ledger.open(0.0)
+    ledger.close(2.0)
+    ledger.extend(1.0, "end_of_fit")  # earlier than the close: nothing
+    ledger.extend(3.5, "end_of_fit")
+    assert dict(ledger.seconds) == {"setup": 2.0, "end_of_fit": 1.5}
+    assert ledger.ended == 3.5
