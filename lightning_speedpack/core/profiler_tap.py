@@ -30,7 +30,12 @@ TRAIN_FETCH = "].train_dataloader_next"
 
 
 class ActionListener(Protocol):
-    """Something told of every profiled action: its name, start or stop, and the clock."""
+    """Something told of profiled actions: their name, start or stop, and the clock.
+
+    A listener may also define ``wants(name) -> bool``: asked once per distinct action name
+    (the answer is cached by the tap until a listener joins or leaves), it keeps the listener
+    out of the ~150 actions a batch it has no use for. Without it, a listener hears every one.
+    """
 
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Called when ``name`` starts (``started``) or stops, at ``perf_counter()`` ``now``."""
@@ -43,6 +48,7 @@ class _Tap:
     def __init__(self, profiler: Any) -> None:
         self.profiler = profiler
         self.listeners: list[ActionListener] = []
+        self.routes: dict[str, tuple[ActionListener, ...]] = {}  # action name -> who wants it
         # What the instance had before (usually nothing: the class's methods).
         self._saved = {k: profiler.__dict__[k] for k in ("start", "stop") if k in profiler.__dict__}
         self._start = profiler.start
@@ -51,16 +57,32 @@ class _Tap:
         profiler.stop = self.stop
 
     def start(self, action_name: str) -> None:
-        now = perf_counter()
-        for listener in self.listeners:
-            listener.on_action(action_name, True, now)
+        route = self.routes.get(action_name)
+        if route is None:
+            route = self._route(action_name)
+        if route:
+            now = perf_counter()
+            for listener in route:
+                listener.on_action(action_name, True, now)
         self._start(action_name)
 
     def stop(self, action_name: str) -> None:
         self._stop(action_name)
-        now = perf_counter()
-        for listener in reversed(self.listeners):
-            listener.on_action(action_name, False, now)
+        route = self.routes.get(action_name)
+        if route is None:
+            route = self._route(action_name)
+        if route:
+            now = perf_counter()
+            for listener in reversed(route):
+                listener.on_action(action_name, False, now)
+
+    def _route(self, name: str) -> tuple[ActionListener, ...]:
+        route = self.routes[name] = tuple(
+            listener
+            for listener in self.listeners
+            if getattr(listener, "wants", None) is None or listener.wants(name)  # type: ignore[attr-defined]
+        )
+        return route
 
     def remove(self) -> None:
         for key in ("start", "stop"):
@@ -94,6 +116,7 @@ def tap(trainer: Any, listener: ActionListener) -> None:
         entry = _TAPS[id(profiler)] = _Tap(profiler)
     if listener not in entry.listeners:
         entry.listeners.append(listener)
+        entry.routes.clear()
 
 
 def untap(trainer: Any, listener: ActionListener) -> None:
@@ -104,6 +127,7 @@ def untap(trainer: Any, listener: ActionListener) -> None:
         return
     if listener in entry.listeners:
         entry.listeners.remove(listener)
+        entry.routes.clear()
     if not entry.listeners:
         entry.remove()
         del _TAPS[id(profiler)]
@@ -132,6 +156,11 @@ class FetchTimer:
     def __init__(self, charge: Callable[[float], None]) -> None:
         self._charge = charge
         self._began: float | None = None  # when the fetch in progress started
+
+    @staticmethod
+    def wants(name: str) -> bool:
+        """Only the training fetch."""
+        return name.endswith(TRAIN_FETCH)
 
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Time ``name`` if it is a training fetch; its seconds go to ``charge``."""

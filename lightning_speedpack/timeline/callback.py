@@ -399,6 +399,10 @@ class StepTimeline(Callback):
 
     # ---- the fetch and the copy, from the profiler's actions ---------------------------------
 
+    def wants(self, name: str) -> bool:
+        """Only the fetch and the copy (asked once per action name by the tap)."""
+        return bool(_transfer.action_kind(name))
+
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Switch to ``data_wait`` or ``batch_transfer`` and back (see ``profiler_tap``).
 

@@ -38,6 +38,8 @@ __all__ = ["WallTimeLedger"]
 
 _TRANSFER = ".batch_to_device"
 _BEFORE_TRANSFER = "on_before_batch_transfer"
+_IGNORED = ("", "")  # an action the ledger does not bracket (cached by name)
+_FETCHED = ("fetch", "")  # the DataLoader's fetch: data wait, or the epoch's start
 _LOGGER_WRITES = ("log_metrics", "log_hyperparams", "save", "finalize")
 _LOADER_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
 
@@ -121,7 +123,7 @@ class WallTimeLedger(Callback):
         self._findings: list[Finding] | None = None
         self._first_fetch = False  # the next fetch is the epoch's first
         self._epoch_started = 0.0
-        self._keys: dict[str, tuple[str, str] | None] = {}  # action name -> (key, detail)
+        self._keys: dict[str, tuple[str, str]] = {}  # action name -> (key, detail)
         self._callback_keys: dict[str, str] = {}  # state_key -> ledger key
         self._callbacks: dict[str, Any] = {}  # state_key -> callback
         self._val: ValidationRun | None = None
@@ -246,16 +248,23 @@ class WallTimeLedger(Callback):
 
     # ---- the profiler's actions ----------------------------------------------------------
 
+    def wants(self, name: str) -> bool:
+        """Whether the ledger brackets the profiled action ``name`` (asked once per name)."""
+        found = self._keys.get(name)
+        if found is None:
+            found = self._keys[name] = self._key_of(name) or _IGNORED
+        return found is not _IGNORED
+
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Charge a profiled action (see :mod:`~lightning_speedpack.core.profiler_tap`)."""
-        if name.endswith(TRAIN_FETCH):
-            self._on_fetch(started, now, name)
-            return
-        if name in self._keys:
-            found = self._keys[name]
-        else:
-            found = self._keys[name] = self._key_of(name)
+        # One dict look-up for the ~150 actions a batch under the doctor; most are ignored.
+        found = self._keys.get(name)
         if found is None:
+            found = self._keys[name] = self._key_of(name) or _IGNORED
+        if found is _IGNORED:
+            return
+        if found is _FETCHED:
+            self._on_fetch(started, now, name)
             return
         key, detail = found
         if started:
@@ -278,6 +287,8 @@ class WallTimeLedger(Callback):
             self.ledger.switch(now, "unaccounted")
 
     def _key_of(self, name: str) -> tuple[str, str] | None:
+        if name.endswith(TRAIN_FETCH):
+            return _FETCHED
         if name == "run_training_batch":
             return "training_step", ""
         if name == "save_checkpoint":

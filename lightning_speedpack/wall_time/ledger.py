@@ -45,11 +45,9 @@ def part_of(key: str) -> str:
     return "callbacks" if key.startswith(CALLBACK_PREFIX) else key
 
 
-@dataclass
-class _Frame:
-    key: str  # the ledger key charged while this frame is innermost
-    detail: str  # finer label (a hook name), for the callbacks' breakdown
-    token: str  # what closes it (the action name)
+#: A bracket: (the key charged while it is innermost, a finer label such as a hook name, the
+#: token that closes it). Tuples, not objects: ~50 are opened a batch under the doctor.
+_Frame = tuple[str, str, str]
 
 
 @dataclass
@@ -70,7 +68,6 @@ class Ledger:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     #: seconds per (key, detail), e.g. ("callback:Mine", "on_train_batch_end")
     details: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
-    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     started: float | None = None
     ended: float | None = None
     _ambient: str = "setup"
@@ -85,7 +82,7 @@ class Ledger:
     @property
     def top(self) -> str:
         """The key charged right now: the innermost bracket's, else the ambient part."""
-        return self._stack[-1].key if self._stack else self._ambient
+        return self._stack[-1][0] if self._stack else self._ambient
 
     @property
     def total_s(self) -> float:
@@ -102,14 +99,13 @@ class Ledger:
         if not self.is_open:
             return
         self._charge(now)
-        if self._stack and self._stack[-1].key in ABSORBING:
-            key, detail = self._stack[-1].key, self._stack[-1].detail
-        self._stack.append(_Frame(key, detail, token))
-        self.counts[key] += 1
+        if self._stack and self._stack[-1][0] in ABSORBING:
+            key, detail = self._stack[-1][0], self._stack[-1][1]
+        self._stack.append((key, detail, token))
 
     def leave(self, now: float, token: str) -> None:
         """Close the innermost bracket if ``token`` opened it (unbalanced closes are ignored)."""
-        if not self.is_open or not self._stack or self._stack[-1].token != token:
+        if self.ended is not None or not self._stack or self._stack[-1][2] != token:
             return
         self._charge(now)
         self._stack.pop()
@@ -140,9 +136,9 @@ class Ledger:
         elapsed = now - self._last
         self._last = now
         if self._stack:
-            frame = self._stack[-1]
-            self.seconds[frame.key] += elapsed
-            if frame.detail:
-                self.details[(frame.key, frame.detail)] += elapsed
+            key, detail, _ = self._stack[-1]
+            self.seconds[key] += elapsed
+            if detail:
+                self.details[(key, detail)] += elapsed
         else:
             self.seconds[self._ambient] += elapsed

@@ -1,0 +1,77 @@
+"""The profiler tap: listeners hear the actions they want; the profiler is left as it was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytorch_lightning.profilers import PassThroughProfiler, SimpleProfiler
+
+from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
+
+FETCH = "[_TrainingEpochLoop].train_dataloader_next"
+
+
+class _Trainer:
+    def __init__(self, profiler: Any) -> None:
+        self.profiler = profiler
+
+
+class _Heard:
+    def __init__(self, wanted: str | None = None) -> None:
+        self.heard: list[tuple[str, bool]] = []
+        if wanted is not None:
+            self.wants = lambda name: name == wanted
+
+    def on_action(self, name: str, started: bool, now: float) -> None:
+        self.heard.append((name, started))
+
+
+def test_each_listener_hears_what_it_wants_and_the_users_profiler_still_records() -> None:
+    trainer = _Trainer(SimpleProfiler())
+    everything, fetch_only, waits = _Heard(), _Heard(wanted=FETCH), []
+    for listener in (everything, fetch_only, FetchTimer(waits.append)):
+        tap(trainer, listener)
+    for name in ("run_training_batch", FETCH):
+        with trainer.profiler.profile(name):
+            pass
+    assert everything.heard == [
+        ("run_training_batch", True),
+        ("run_training_batch", False),
+        (FETCH, True),
+        (FETCH, False),
+    ]
+    assert fetch_only.heard == [(FETCH, True), (FETCH, False)]
+    assert len(waits) == 1
+    assert set(trainer.profiler.recorded_durations) == {"run_training_batch", FETCH}
+
+
+def test_the_last_untap_gives_the_profiler_its_own_methods_back() -> None:
+    profiler = PassThroughProfiler()
+    trainer = _Trainer(profiler)
+    first, second = _Heard(), _Heard()
+    tap(trainer, first)
+    tap(trainer, second)
+    untap(trainer, first)
+    assert "start" in vars(profiler)  # the second still listens
+    with profiler.profile("x"):
+        pass
+    assert first.heard == []
+    assert second.heard == [("x", True), ("x", False)]
+    untap(trainer, second)
+    assert "start" not in vars(profiler)
+    assert "stop" not in vars(profiler)
+    untap(trainer, second)  # twice: nothing happens
+
+
+def test_a_listener_that_joins_later_is_routed_the_names_seen_before() -> None:
+    trainer = _Trainer(PassThroughProfiler())
+    first, late = _Heard(), _Heard()
+    tap(trainer, first)
+    with trainer.profiler.profile("x"):
+        pass
+    tap(trainer, late)
+    with trainer.profiler.profile("x"):
+        pass
+    assert late.heard == [("x", True), ("x", False)]
+    untap(trainer, first)
+    untap(trainer, late)
