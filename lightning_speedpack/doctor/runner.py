@@ -314,12 +314,17 @@ class DoctorSession:
 
 
 def _tell(trainer: Any, method: str) -> None:
-    """Call ``method(now)`` on every callback of ``trainer`` that has it (the wall-time ledger)."""
+    """Call ``method(now)`` on the trainer's wall-time ledgers, and on nothing else.
+
+    A user's callback of another class with a method of that name is never called: the doctor
+    must not change what the job runs.
+    """
+    from lightning_speedpack.wall_time.callback import WallTimeLedger
+
     now = time.perf_counter()
     for callback in trainer.callbacks:
-        hook = getattr(callback, method, None)
-        if callable(hook):
-            hook(now)
+        if isinstance(callback, WallTimeLedger):
+            getattr(callback, method)(now)
 
 
 def _safe_findings(diagnostic: Diagnostic, callback: Diagnosable) -> list[Finding]:

@@ -46,3 +46,20 @@ def test_a_checkpoint_saved_every_step_is_the_first_warning_and_not_data_wait(
     ledger = report.runs[-1].figures["wall_time"]
     assert abs(ledger["total_s"] - wall) <= 0.02 * wall
     assert ledger["parts"]["checkpoint"] >= 32 * 3 * NAP
+
+
+@each_namespace
+def test_only_the_ledger_is_told_when_fit_starts_and_returns(ns: Namespace, tmp_path: Path) -> None:
+    class HasTheSameNames(ns.Callback):  # type: ignore[misc, name-defined]
+        def fit_entered(self) -> None:  # another meaning, another signature: never called
+            raise AssertionError("the doctor called a user's method")
+
+        fit_returned = fit_entered
+
+    session = DoctorSession()
+    with session.installed():
+        trainer = ns.Trainer(
+            callbacks=[HasTheSameNames()], **quiet_trainer_kwargs(tmp_path, max_steps=2)
+        )
+        trainer.fit(_model(ns.name)())
+    assert session.report().runs[-1].figures["wall_time"]["total_s"] > 0
