@@ -67,8 +67,12 @@ def _fit(ns: Namespace, tmp_path: Path, model: Any, callbacks: list[Any], **kw: 
     trainer = ns.Trainer(callbacks=[ledger, *callbacks], **quiet_trainer_kwargs(tmp_path, **kw))
     start = time.perf_counter()
     ledger.fit_entered(start)  # as the doctor does
-    trainer.fit(model)
-    return ledger, trainer, time.perf_counter() - start
+    try:
+        trainer.fit(model)
+    finally:
+        end = time.perf_counter()
+        ledger.fit_returned(end)  # as the doctor does
+    return ledger, trainer, end - start
 
 
 def _ids(ledger: WallTimeLedger) -> list[str]:
