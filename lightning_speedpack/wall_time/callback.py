@@ -250,17 +250,18 @@ class WallTimeLedger(Callback):
 
     def wants(self, name: str) -> bool:
         """Whether the ledger brackets the profiled action ``name`` (asked once per name)."""
-        found = self._keys.get(name)
-        if found is None:
-            found = self._keys[name] = self._key_of(name) or _IGNORED
-        return found is not _IGNORED
+        return self._found(name) is not _IGNORED
 
-    def on_action(self, name: str, started: bool, now: float) -> None:
-        """Charge a profiled action (see :mod:`~lightning_speedpack.core.profiler_tap`)."""
+    def _found(self, name: str) -> tuple[str, str]:
         # One dict look-up for the ~150 actions a batch under the doctor; most are ignored.
         found = self._keys.get(name)
         if found is None:
             found = self._keys[name] = self._key_of(name) or _IGNORED
+        return found
+
+    def on_action(self, name: str, started: bool, now: float) -> None:
+        """Charge a profiled action (see :mod:`~lightning_speedpack.core.profiler_tap`)."""
+        found = self._found(name)
         if found is _IGNORED:
             return
         if found is _FETCHED:
