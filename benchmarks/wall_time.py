@@ -60,7 +60,7 @@ def _doctored_actions() -> tuple[list[tuple[str, bool]], int, WallTimeLedger]:
 
 def _open_ledger(like: WallTimeLedger) -> WallTimeLedger:
     ledger = WallTimeLedger()
-    ledger._callbacks, ledger._callback_keys = like._callbacks, like._callback_keys
+    ledger._callbacks = like._callbacks
     ledger.ledger.open(0.0, "unaccounted")
     return ledger
 

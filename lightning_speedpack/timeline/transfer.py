@@ -26,6 +26,7 @@ import torch
 
 from lightning_speedpack.core.events import BatchTransfer
 from lightning_speedpack.core.nested import leaves
+from lightning_speedpack.core.profiler_tap import TRAIN_FETCH
 from lightning_speedpack.timeline.phases import PhaseTotals
 
 __all__ = [
@@ -56,7 +57,6 @@ BYTES_KEY = "data/h2d_bytes_per_batch"
 PINNED_KEY = "data/h2d_pinned"
 RATE_KEY = "data/h2d_gb_per_sec"
 
-_FETCH_SUFFIX = "].train_dataloader_next"
 _BEFORE_SUFFIX = ".on_before_batch_transfer"
 _BEFORE_PREFIXES = ("[LightningModule]", "[LightningDataModule]")
 _TRANSFER_PREFIX = "[Strategy]"
@@ -76,7 +76,7 @@ def action_kind(name: str) -> str:
         >>> action_kind("[Callback]ModelCheckpoint.on_train_batch_end")
         ''
     """
-    if name.endswith(_FETCH_SUFFIX):
+    if name.endswith(TRAIN_FETCH):
         return FETCH
     if name.startswith(_TRANSFER_PREFIX) and name.endswith(_TRANSFER_SUFFIX):
         return TRANSFER

@@ -124,7 +124,6 @@ class WallTimeLedger(Callback):
         self._first_fetch = False  # the next fetch is the epoch's first
         self._epoch_started = 0.0
         self._keys: dict[str, tuple[str, str]] = {}  # action name -> (key, detail)
-        self._callback_keys: dict[str, str] = {}  # state_key -> ledger key
         self._callbacks: dict[str, Any] = {}  # state_key -> callback
         self._val: ValidationRun | None = None
         self._patches: list[_Patch] = []
@@ -192,7 +191,6 @@ class WallTimeLedger(Callback):
         self._trainer = trainer
         self.ledger.open(start, "setup")
         self._callbacks = {cb.state_key: cb for cb in trainer.callbacks}  # type: ignore[attr-defined]
-        self._callback_keys = {key: _callback_key(cb) for key, cb in self._callbacks.items()}
         self._install(trainer)
 
     @override
@@ -300,9 +298,11 @@ class WallTimeLedger(Callback):
             if hook in ("on_save_checkpoint", "on_load_checkpoint"):
                 return "checkpoint", hook
             callback = self._callbacks.get(target)
-            if callback is not None and not _overrides(callback, hook):
+            if callback is None:  # added after setup: its state key starts with its class name
+                return _key_from_state(target), hook
+            if not _overrides(callback, hook):
                 return None  # Lightning's empty default: a bracket would only cost time
-            return self._callback_keys.get(target) or _key_from_state(target), hook
+            return _callback_key(callback), hook
         if kind == "[Strategy" and hook == _TRANSFER[1:]:
             return "batch_transfer", ""
         if kind in ("[LightningModule", "[LightningDataModule") and hook in _LOADER_HOOKS:

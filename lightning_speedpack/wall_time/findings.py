@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from lightning_speedpack.core.findings import Finding, Severity
+from lightning_speedpack.core.nested import leaves
 
 if TYPE_CHECKING:
     from lightning_speedpack.wall_time.callback import WallTimeLedger
@@ -97,13 +99,9 @@ class RunSettings:
         )
 
 
-def _train_loader(trainer: Any) -> Any:
-    loaders = trainer.train_dataloader
-    if isinstance(loaders, dict):
-        loaders = list(loaders.values())
-    if isinstance(loaders, (list, tuple)):
-        loaders = loaders[0] if loaders else None
-    return loaders
+def _train_loader(trainer: Any) -> DataLoader[Any] | None:
+    loaders = leaves(trainer.train_dataloader, DataLoader)  # one, or a list or mapping of them
+    return loaders[0] if loaders else None
 
 
 def _checkpoint_settings(callback: Any) -> dict[str, Any]:

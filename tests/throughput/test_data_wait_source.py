@@ -25,6 +25,7 @@ from lightning_speedpack.core.profiler_tap import FetchTimer
 from lightning_speedpack.throughput.rates import StepClock, StepRecord
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
+from tests.throughput.test_callback import SleepyDataset as Items  # a slow decode
 
 P = "throughput/"
 STEPS = 6
@@ -32,22 +33,6 @@ BATCH = 4
 PLANTED_S = 0.03  # each planted delay: a slow user hook, a slow checkpoint save
 ITEM_S = 0.005  # a slow dataset's __getitem__
 FETCH_MS = 1000.0 * BATCH * ITEM_S  # the least one fetch of a slow dataset takes
-
-
-class Items(Dataset[torch.Tensor]):
-    """``n`` random vectors; ``__getitem__`` sleeps ``delay`` seconds (a slow decode)."""
-
-    def __init__(self, n: int = 64, delay: float = 0.0) -> None:
-        self.data = torch.randn(n, 32)
-        self.delay = delay
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.delay:
-            time.sleep(self.delay)
-        return self.data[i]
 
 
 class Stream(IterableDataset[torch.Tensor]):

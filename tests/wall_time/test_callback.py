@@ -100,6 +100,10 @@ def test_a_slow_callback_and_slow_checkpoints_are_charged_to_themselves(
     assert seconds["data_wait"] < 8 * NAP / 4  # neither is blamed on the loader
     assert sum(seconds.values()) == pytest.approx(ledger.total_s)
     assert abs(ledger.total_s - wall) <= 0.02 * wall  # the whole fit, within 2%
+    # ... because it ran exactly from `fit` entered to `fit` returned, as the doctor tells it
+    assert ledger.ledger.ended is not None
+    assert ledger.ledger.started is not None
+    assert ledger.ledger.ended - ledger.ledger.started == pytest.approx(wall)
     findings = {f.id: f for f in ledger.doctor_findings()}
     assert findings["callback-time"].figures["callback"] == "SlowCallback"
     assert "on_train_batch_end" in findings["callback-time"].message
