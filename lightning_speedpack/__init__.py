@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from lightning_speedpack.throughput import ThroughputLogger
     from lightning_speedpack.timeline import StepTimeline
     from lightning_speedpack.wall_time import WallTimeLedger
+    from lightning_speedpack.what_if import WhatIf, WhatIfError
 
 #: Public name -> the room (subpackage) that defines it.
 _ROOMS = {
@@ -80,6 +81,8 @@ _ROOMS = {
     "SyncPointWarnings": "sync_points",
     "ThroughputLogger": "throughput",
     "WallTimeLedger": "wall_time",
+    "WhatIf": "what_if",
+    "WhatIfError": "what_if",
     "stage": "data_xray",
 }
 
@@ -106,6 +109,8 @@ __all__ = [
     "SyncPointWarnings",
     "ThroughputLogger",
     "WallTimeLedger",
+    "WhatIf",
+    "WhatIfError",
     "__version__",
     "stage",
 ]

@@ -13,7 +13,9 @@ The second use: the data profiler publishes its measured verdict (:data:`DATA_VE
 number of workers instead of a rule of thumb. The third: the step timeline publishes its
 measured copy of the training batches to the device (:data:`BATCH_TRANSFER`, a
 :class:`BatchTransfer`), and the advisor's ``pin-memory`` finding carries the copy's share of
-the step, or goes when the copy is too small to matter.
+the step, or goes when the copy is too small to matter. The fourth: ``WhatIf`` publishes the
+remedies it tried on the user's own model and data (:data:`WHAT_IF`, a :class:`WhatIfResults`),
+and every advisor finding whose knob was measured carries the measured gain.
 This module imports nothing but the standard library.
 """
 
@@ -28,10 +30,13 @@ __all__ = [
     "BATCH_TRANSFER",
     "DATA_VERDICT",
     "SYNC_POINT",
+    "WHAT_IF",
     "BatchTransfer",
     "DataVerdict",
+    "KnobResult",
     "Subscription",
     "SyncPoint",
+    "WhatIfResults",
     "has_subscribers",
     "publish",
     "subscribe",
@@ -46,6 +51,9 @@ DATA_VERDICT = "data_verdict"
 
 #: Topic of :class:`BatchTransfer` messages: the run so far, after each measured training batch.
 BATCH_TRANSFER = "batch_transfer"
+
+#: Topic of :class:`WhatIfResults` messages: one per fit whose remedies ``WhatIf`` tried.
+WHAT_IF = "what_if"
 
 Listener = Callable[[Any], None]
 
@@ -154,6 +162,57 @@ class BatchTransfer:
         if self.step_ms_per_batch <= 0:
             return 0.0
         return self.transfer_ms_per_batch / self.step_ms_per_batch
+
+
+@dataclass(frozen=True)
+class KnobResult:
+    """One remedy ``WhatIf`` tried (or could not), as carried by :class:`WhatIfResults`.
+
+    Attributes:
+        knob: the knob's name (``"num_workers"``, ``"channels_last"``, ``"precision"``, ...).
+        today: the setting the run has, as text (``"0"``, ``"32-true"``).
+        candidate: the best setting tried, as text (None: nothing was tried).
+        gain: the candidate's ceiling over today's, median of the rounds (None: not measured).
+        verdict: ``"apply"``, ``"no gain here"``, ``"changes the numerics"`` or
+            ``"not applicable"``, ``"not tried"``.
+        reason: why not applicable / not tried (None otherwise).
+        side: ``"loader"`` or ``"model"``.
+    """
+
+    knob: str
+    today: str
+    candidate: str | None
+    gain: float | None
+    verdict: str
+    reason: str | None = None
+    side: str = "model"
+
+    @property
+    def measured(self) -> bool:
+        """Whether a gain was measured for this knob."""
+        return self.gain is not None
+
+
+@dataclass(frozen=True)
+class WhatIfResults:
+    """What ``WhatIf`` measured on this fit, as published on :data:`WHAT_IF`.
+
+    Attributes:
+        knobs: one :class:`KnobResult` per knob considered, in the order tried.
+        min_gain: the gain below which a remedy counts as "no gain here".
+
+    Example:
+        >>> r = WhatIfResults((KnobResult("num_workers", "0", "2", 0.98, "no gain here"),), 1.05)
+        >>> r.get("num_workers").gain, r.get("precision")
+        (0.98, None)
+    """
+
+    knobs: tuple[KnobResult, ...]
+    min_gain: float = 1.05
+
+    def get(self, knob: str) -> KnobResult | None:
+        """The result for ``knob``, or None when it was not considered."""
+        return next((k for k in self.knobs if k.knob == knob), None)
 
 
 class Subscription:

@@ -67,6 +67,7 @@ class Diagnostic:
     order: int = 100
     deep: bool = False  # attached by ``speedpack doctor --deep`` only (costlier per step)
     deep_adds: str = ""  # what ``--deep`` adds to this diagnostic's default form, if anything
+    opt_in: str = ""  # attached only when the doctor runs with this flag (e.g. "--what-if")
 
 
 _REGISTRY: dict[str, Diagnostic] = {}
@@ -80,6 +81,7 @@ def register_diagnostic(
     *,
     deep: bool = False,
     deep_adds: str = "",
+    opt_in: str = "",
 ) -> None:
     """Register ``callback_type`` with the doctor under ``name`` (idempotent for the same class).
 
@@ -92,6 +94,9 @@ def register_diagnostic(
             cost is too high to leave on by default.
         deep_adds: what the factory adds when ``ctx.deep`` is set (e.g. a one-time probe), for
             the report's line on what the default run left out.
+        opt_in: attach it only when the doctor runs with this flag (``"--what-if"``), or
+            when ``--only`` names it: for diagnostics that change what the run does before it
+            starts (trials), which no default run may do.
 
     Raises:
         TypeError: ``callback_type`` is not a Lightning ``Callback`` subclass.
@@ -106,7 +111,13 @@ def register_diagnostic(
             "pick another name or unregister it first"
         )
     _REGISTRY[name] = Diagnostic(
-        name, callback_type, factory or (lambda _ctx: callback_type()), order, deep, deep_adds
+        name,
+        callback_type,
+        factory or (lambda _ctx: callback_type()),
+        order,
+        deep,
+        deep_adds,
+        opt_in,
     )
 
 

@@ -99,6 +99,20 @@ TABLES: dict[str, tuple[str, ...]] = {
     "speedpack/batch_size_trials": ("batch_size", "fits", "samples_per_sec", "chosen"),
     "speedpack/findings": ("severity", "component", "id", "message", "location", "fix"),
     "speedpack/wall_time": ("part", "detail", "seconds", "fraction", "count"),
+    "speedpack/what_if": (
+        "knob",
+        "side",
+        "today",
+        "candidate",
+        "before",
+        "after",
+        "gain",
+        "gain_low",
+        "gain_high",
+        "numerics",
+        "verdict",
+        "note",
+    ),
 }
 
 #: File the CSV logger's summary fields are merged into, beside ``metrics.csv``.

@@ -23,8 +23,8 @@ import copy
 import random
 import statistics
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +46,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "StateSnapshot",
+    "StepTiming",
     "TrialRunner",
     "dataloader_source",
     "dataset_length",
     "iterate_batches",
     "logging_disabled",
     "main_process_loading",
+    "run_training_steps",
     "samples_in",
     "sync_device",
     "time_training_steps",
@@ -306,7 +308,7 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     batch: Any,
     batch_idx: int,
-) -> None:
+) -> torch.Tensor | None:
     """One real training step on a batch already on the device: forward, backward, step.
 
     The LightningModule itself runs, not the DDP wrapper: no gradient all-reduce, so a rank
@@ -314,6 +316,10 @@ def train_step(
     optimization (``automatic_optimization = False``: a GAN's two optimizers,
     ``toggle_optimizer``) the step does its own backward and optimizer steps, as in the fit.
     ``training_step(self, batch)`` without ``batch_idx`` is called as Lightning calls it.
+
+    Returns:
+        the loss, detached (no sync: still on the device), or None under manual optimization
+        or when ``training_step`` returned no loss.
     """
     args = (batch, batch_idx) if takes_batch_idx(pl_module) else (batch,)
     with trainer.precision_plugin.train_step_context():
@@ -321,12 +327,98 @@ def train_step(
     if not pl_module.automatic_optimization:
         for each in trainer.optimizers:
             each.zero_grad(set_to_none=True)
-        return
+        return None
     loss = out.get("loss") if isinstance(out, Mapping) else out
     if isinstance(loss, torch.Tensor):
         loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return loss.detach() if isinstance(loss, torch.Tensor) else None
+
+
+@dataclass
+class StepTiming:
+    """What :func:`run_training_steps` measured.
+
+    Attributes:
+        seconds: wall time of the timed steps.
+        samples: samples the timed steps processed.
+        steps: timed steps.
+        first_seconds: wall time of the untimed warm-up steps (a compile happens there).
+        losses: every step's loss (warm-up included) as floats, read after the timing; empty
+            under manual optimization or when the steps returned no loss.
+    """
+
+    seconds: float
+    samples: int
+    steps: int
+    first_seconds: float = 0.0
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def samples_per_sec(self) -> float | None:
+        """Samples per second of the timed steps (None when nothing was timed)."""
+        return self.samples / self.seconds if self.seconds > 0 and self.samples else None
+
+
+def run_training_steps(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    batch: Any,
+    steps: int,
+    *,
+    warmup: int = 1,
+    optimizer: torch.optim.Optimizer | None = None,
+    context: Callable[[], AbstractContextManager[Any]] | None = None,
+    prepare: Callable[[Any], Any] | None = None,
+) -> StepTiming:
+    """Time ``steps`` training steps on one in-memory ``batch``; put every state back.
+
+    The batch is moved to the device once (then passed through ``prepare``, e.g. a change of
+    memory format); ``warmup`` untimed steps run first. Each step runs inside ``context()``
+    when given (e.g. an autocast) and steps ``optimizer`` (default: the trainer's first).
+    Parameters, buffers, gradients, modes, the trainer's optimizer and scheduler states and the
+    RNG states are restored bit-identically afterwards (:class:`StateSnapshot`), and
+    ``self.log`` is a no-op meanwhile. The losses are read (one device sync each) only after
+    the timed steps.
+
+    Raises:
+        ValueError: ``steps`` is not positive or ``warmup`` is negative.
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"`steps` must be >= 1 and `warmup` >= 0, got {steps!r}, {warmup!r}")
+    snapshot = StateSnapshot.take(trainer, pl_module)
+    optimizer = optimizer if optimizer is not None else trainer.optimizers[0]
+    device = trainer.strategy.root_device
+    enter = context if context is not None else nullcontext
+    losses: list[torch.Tensor | None] = []
+    try:
+        with logging_disabled(pl_module):
+            pl_module.train()
+            on_device = trainer.strategy.batch_to_device(batch)
+            if prepare is not None:
+                on_device = prepare(on_device)
+            samples = samples_in(on_device, 1)
+            sync_device(device)
+            start = time.perf_counter()
+            for step in range(warmup):
+                with enter():
+                    losses.append(train_step(trainer, pl_module, optimizer, on_device, step))
+            sync_device(device)
+            first = time.perf_counter() - start
+            start = time.perf_counter()
+            for step in range(steps):
+                with enter():
+                    losses.append(
+                        train_step(trainer, pl_module, optimizer, on_device, warmup + step)
+                    )
+            sync_device(device)
+            seconds = time.perf_counter() - start
+            read = [float(loss) for loss in losses if loss is not None]
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        snapshot.restore()
+    return StepTiming(seconds, samples * steps, steps, first, read)
 
 
 def time_training_steps(
@@ -339,9 +431,7 @@ def time_training_steps(
 ) -> tuple[float, int]:
     """Time ``steps`` training steps on one in-memory ``batch``; put every state back.
 
-    The batch is moved to the device once; ``warmup`` untimed steps run first. Parameters,
-    buffers, gradients, modes, optimizer and scheduler states and the RNG states are restored
-    bit-identically afterwards (:class:`StateSnapshot`), and ``self.log`` is a no-op meanwhile.
+    :func:`run_training_steps` with the trainer's optimizer, as it is.
 
     Returns:
         ``(seconds, samples)``: the wall time of the timed steps and the samples they processed.
@@ -349,28 +439,8 @@ def time_training_steps(
     Raises:
         ValueError: ``steps`` is not positive or ``warmup`` is negative.
     """
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"`steps` must be >= 1 and `warmup` >= 0, got {steps!r}, {warmup!r}")
-    snapshot = StateSnapshot.take(trainer, pl_module)
-    optimizer = trainer.optimizers[0]
-    device = trainer.strategy.root_device
-    try:
-        with logging_disabled(pl_module):
-            pl_module.train()
-            on_device = trainer.strategy.batch_to_device(batch)
-            samples = samples_in(on_device, 1)
-            for step in range(warmup):
-                train_step(trainer, pl_module, optimizer, on_device, step)
-            sync_device(device)
-            start = time.perf_counter()
-            for step in range(steps):
-                train_step(trainer, pl_module, optimizer, on_device, warmup + step)
-            sync_device(device)
-            seconds = time.perf_counter() - start
-    finally:
-        optimizer.zero_grad(set_to_none=True)
-        snapshot.restore()
-    return seconds, samples * steps
+    timing = run_training_steps(trainer, pl_module, batch, steps, warmup=warmup)
+    return timing.seconds, timing.samples
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from lightning_speedpack.core.lightning import (
     rank_zero_info,
     rank_zero_warn,
 )
+from lightning_speedpack.core.loader_hook import LoaderHook, hook_dataloaders
 from lightning_speedpack.core.locations import user_code_location
 from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
@@ -182,7 +183,7 @@ class DataPipelineProfiler(Callback):
         self._probes: list[LoaderProbe] = []
         self._reads: dict[int, tuple[list[RowSnapshot], float]] = {}
         self._waits: dict[int, tuple[float, int]] = {}
-        self._shadowed: tuple[Any, Any] | None = None
+        self._shadowed: LoaderHook | None = None
         self._main_probe: LoaderProbe | None = None
         self._main_recorder: Any = None
 
@@ -427,11 +428,8 @@ class DataPipelineProfiler(Callback):
 
     def _shadow(self, trainer: pl.Trainer) -> None:
         """Instrument each training DataLoader as Lightning processes it (before any iterator)."""
-        strategy = trainer.strategy
         if self._shadowed is not None:
             return
-        own = strategy.__dict__.get("process_dataloader")
-        original = strategy.process_dataloader
         namespace = namespace_of(trainer).__name__
         seed_module = (
             "lightning.fabric.utilities.seed"
@@ -439,8 +437,7 @@ class DataPipelineProfiler(Callback):
             else "lightning_fabric.utilities.seed"
         )
 
-        def process_dataloader(dataloader: object) -> object:
-            dataloader = original(dataloader)
+        def instrument(dataloader: object) -> object:
             if (
                 trainer.training
                 and not trainer.sanity_checking
@@ -451,18 +448,14 @@ class DataPipelineProfiler(Callback):
                 self._activate_main()  # the fit's first batches are fetched before train start
             return dataloader
 
-        strategy.process_dataloader = process_dataloader  # type: ignore[method-assign]
-        self._shadowed = (strategy, own)
+        # After every other listener (WhatIf's rebuilt loader is the one the fit iterates).
+        self._shadowed = hook_dataloaders(trainer.strategy, instrument, priority=90)
 
     def _unshadow(self) -> None:
         if self._shadowed is None:
             return
-        strategy, own = self._shadowed
-        self._shadowed = None
-        if own is None:
-            strategy.__dict__.pop("process_dataloader", None)
-        else:
-            strategy.process_dataloader = own
+        hook, self._shadowed = self._shadowed, None
+        hook.remove()
 
     def _keep_train_probes(self, trainer: pl.Trainer) -> None:
         """Undo the instrumentation of loaders that are not (or no longer) training loaders."""

@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also attach the diagnostics that cost more per step (the report names them)",
     )
     doctor.add_argument(
+        "--what-if",
+        action="store_true",
+        help="before the first step, try each speed remedy on the script's own model and data "
+        "(WhatIf) and report the measured gains",
+    )
+    doctor.add_argument(
         "--only",
         metavar="NAMES",
         help="attach just these diagnostics, comma-separated (e.g. throughput,data)",
@@ -161,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = None if ns.only is None else [n.strip() for n in ns.only.split(",") if n.strip()]
     try:
         with _trace_environment(ns.trace, ns.trace_dir):
-            result = run_script(ns.script, ns.args, deep=ns.deep, only=only)
+            flags = ["--what-if"] if ns.what_if else []
+            result = run_script(ns.script, ns.args, deep=ns.deep, only=only, flags=flags)
     except (FileNotFoundError, ValueError) as err:
         print(f"speedpack doctor: {err}", file=sys.stderr)
         return 2

@@ -58,6 +58,7 @@ TOOLS = (
     "lightning_speedpack.timeline.callback",
     "lightning_speedpack.data_xray.profiler",
     "lightning_speedpack.wall_time.callback",
+    "lightning_speedpack.what_if.callback",
 )
 
 
@@ -70,6 +71,7 @@ def import_tools() -> None:
 CHILD_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_SCRIPT"
 DEEP_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_DEEP"  # "1": the session is --deep (for re-launched ranks)
 ONLY_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_ONLY"  # comma-separated --only names
+FLAGS_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_FLAGS"  # comma-separated opt-in flags ("--what-if")
 _BOOTSTRAP_DIR = str(Path(__file__).with_name("_bootstrap"))
 
 
@@ -160,6 +162,8 @@ class DoctorSession:
             probe, the retention walk on every step).
         only: attach just these diagnostics (names as in ``registered_diagnostics()``; ``deep``
             ones named here are attached too). Checked by :meth:`install`.
+        flags: the opt-in flags given (``{"--what-if"}``): a diagnostic registered with
+            ``opt_in`` is attached only when its flag is here (or ``only`` names it).
 
     Example:
         >>> session = DoctorSession()
@@ -169,12 +173,19 @@ class DoctorSession:
         []
     """
 
-    def __init__(self, *, deep: bool = False, only: Iterable[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        deep: bool = False,
+        only: Iterable[str] | None = None,
+        flags: Iterable[str] = (),
+    ) -> None:
         names = None if only is None or isinstance(only, str) else list(only)  # read once
         if only is not None and (names is None or any(not isinstance(n, str) for n in names)):
             raise TypeError(f"`only` must be a collection of diagnostic names, got {only!r}")
         self.deep = bool(deep)
         self.only = None if names is None else frozenset(names)
+        self.flags = frozenset(flags)
         self._attached: list[_Attached] = []
         self._originals: dict[type[Any], Any] = {}
         self._fit_originals: dict[type[Any], Any] = {}
@@ -183,9 +194,11 @@ class DoctorSession:
     def from_environment(cls) -> DoctorSession:
         """The session ``speedpack doctor`` asked for (how its re-launched DDP ranks get it)."""
         only = os.environ.get(ONLY_ENV, "")
+        flags = os.environ.get(FLAGS_ENV, "")
         return cls(
             deep=os.environ.get(DEEP_ENV, "") == "1",
             only=[n for n in only.split(",") if n] if only else None,
+            flags=[f for f in flags.split(",") if f],
         )
 
     def selected(self) -> list[Diagnostic]:
@@ -193,7 +206,11 @@ class DoctorSession:
         return [
             d
             for d in registered_diagnostics()
-            if (d.name in self.only if self.only is not None else self.deep or not d.deep)
+            if (
+                d.name in self.only
+                if self.only is not None
+                else (self.deep or not d.deep) and (not d.opt_in or d.opt_in in self.flags)
+            )
         ]
 
     def skipped_deep(self) -> list[str]:
@@ -374,6 +391,7 @@ def run_script(
     *,
     deep: bool = False,
     only: Iterable[str] | None = None,
+    flags: Iterable[str] = (),
 ) -> ScriptResult:
     """Run ``script`` as ``__main__`` with ``args`` under a :class:`DoctorSession`.
 
@@ -389,7 +407,7 @@ def run_script(
     path = Path(script).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"no training script at {str(script)!r}")
-    session = DoctorSession(deep=deep, only=only)
+    session = DoctorSession(deep=deep, only=only, flags=flags)
     exit_code: int = 0
     error: BaseException | None = None
     with session.installed(), _script_environment(path, args, session):
@@ -407,13 +425,16 @@ def run_script(
 @contextmanager
 def _script_environment(path: Path, args: Sequence[str], session: DoctorSession) -> Iterator[None]:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    saved_env = {k: os.environ.get(k) for k in (CHILD_ENV, DEEP_ENV, ONLY_ENV, "PYTHONPATH")}
+    saved_env = {
+        k: os.environ.get(k) for k in (CHILD_ENV, DEEP_ENV, ONLY_ENV, FLAGS_ENV, "PYTHONPATH")
+    }
     sys.argv = [str(path), *args]
     sys.path.insert(0, str(path.parent))
     os.environ[CHILD_ENV] = str(path)
     # Re-launched DDP ranks build their session from these (see _bootstrap/sitecustomize.py).
     os.environ[DEEP_ENV] = "1" if session.deep else "0"
     os.environ[ONLY_ENV] = ",".join(sorted(session.only)) if session.only is not None else ""
+    os.environ[FLAGS_ENV] = ",".join(sorted(session.flags))
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (_BOOTSTRAP_DIR, saved_env["PYTHONPATH"]) if p
     )

@@ -1,0 +1,359 @@
+"""WhatIf on real fits: invisible to the fit, applies what it is told, safe with streams and errors.
+
+No test here asserts a speed: which candidate wins is the benchmark's business
+(``benchmarks/what_if.py``). The tests that are about *applying* winners give the callback its
+measurements through ``Trials.run`` (said where they do); everything else runs real trials.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_speedpack import WhatIf, WhatIfError
+from lightning_speedpack.core.tables import TABLES, csv_file_name
+from lightning_speedpack.what_if import engine
+from lightning_speedpack.what_if.measure import NOT_APPLICABLE, Measurement
+from lightning_speedpack.what_if.report import COLUMNS
+from tests.helpers import global_state, namespaces
+from tests.helpers.models import quiet_trainer_kwargs
+from tests.helpers.namespaces import Namespace, each_namespace
+from tests.what_if.planted import Stream, conv_model
+
+QUICK = {"steps": 2, "rounds": 1, "verbose": False}
+
+
+def _recorder(ns: Namespace) -> Any:
+    class Recorder(ns.Callback):  # type: ignore[misc, name-defined]
+        """The first batch the fit trains on, the parameters at train start, what it ran with."""
+
+        def __init__(self) -> None:
+            self.first: Any = None
+            self.params: list[torch.Tensor] = []
+            self.loader: Any = None
+            self.channels_last: list[bool] = []
+            self.fused: list[bool] = []
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.params = [p.detach().clone() for p in pl_module.parameters()]
+            self.loader = trainer.train_dataloader
+
+        def on_train_batch_start(
+            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if self.first is None:
+                self.first = [t.clone() for t in batch]
+            x = batch[0]
+            self.channels_last.append(
+                x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            )
+            self.fused.append(bool(trainer.optimizers[0].param_groups[0].get("fused")))
+
+    return Recorder()
+
+
+def _fit(ns: Namespace, tmp_path: Path, callbacks: list[Any], **model: Any) -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    recorder = _recorder(ns)
+    trainer = ns.Trainer(
+        callbacks=[*callbacks, recorder],
+        **quiet_trainer_kwargs(tmp_path, max_steps=3, limit_val_batches=0),
+    )
+    trainer.fit(conv_model(ns.name)(**model))
+    return trainer, recorder
+
+
+@each_namespace
+def test_the_fit_sees_the_same_first_batch_and_parameters_as_without_it(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    _, plain = _fit(ns, tmp_path / "plain", [])
+    knobs = ["num_workers", "cache", "channels_last", "fused_optimizer", "precision"]
+    what_if = WhatIf(knobs=knobs, **QUICK)
+    _, tried = _fit(ns, tmp_path / "tried", [what_if])
+
+    assert [m.knob for m in what_if.measurements] == knobs
+    for m in what_if.measurements:  # each knob was measured here (none needs CUDA)
+        assert m.gain is not None, (m.knob, m.reason)
+    assert all(torch.equal(a, b) for a, b in zip(plain.first, tried.first, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(plain.params, tried.params, strict=True))
+    assert tried.loader.num_workers == 0  # nothing applied without `apply`
+    assert not any(tried.channels_last)
+    assert not any(tried.fused)
+
+
+@each_namespace
+def test_cuda_only_knobs_say_why_they_do_not_apply_on_a_cpu_run(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    what_if = WhatIf(knobs=["pin_memory", "cudnn_benchmark", "tf32", "prefetch_factor"], **QUICK)
+    _fit(ns, tmp_path, [what_if])
+    reasons = {m.knob: (m.status, m.reason) for m in what_if.measurements}
+    for knob in ("pin_memory", "cudnn_benchmark", "tf32"):
+        assert reasons[knob] == (NOT_APPLICABLE, "needs a CUDA device (this run is on CPU)")
+    assert reasons["prefetch_factor"] == (NOT_APPLICABLE, "no worker processes")
+
+
+def _given(monkeypatch: pytest.MonkeyPatch, *found: Measurement) -> list[int]:
+    """Give WhatIf these measurements instead of running trials (the tests of *applying*)."""
+    calls: list[int] = []
+
+    def run(self: engine.Trials) -> list[Measurement]:
+        calls.append(1)
+        return copy.deepcopy(list(found))
+
+    monkeypatch.setattr(engine.Trials, "run", run)
+    return calls
+
+
+def _won(knob: str, value: Any, side: str = "loader") -> Measurement:
+    return Measurement(knob, side, "today", str(value), value, [100.0] * 3, [200.0] * 3)
+
+
+@each_namespace
+def test_apply_rebuilds_the_fits_loader_and_a_resume_keeps_it(
+    ns: Namespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    _given(monkeypatch, _won("num_workers", 2), _won("persistent_workers", True))
+    what_if = WhatIf(apply=["num_workers", "persistent_workers"], **QUICK)
+    ckpt = ns.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+    with caplog.at_level(logging.INFO):
+        trainer = ns.Trainer(
+            callbacks=[what_if, ckpt],
+            **quiet_trainer_kwargs(
+                tmp_path,
+                max_epochs=2,
+                limit_train_batches=2,
+                limit_val_batches=0,
+                enable_checkpointing=True,
+            ),
+        )
+        model = conv_model(ns.name)()
+        trainer.fit(model)
+    loader = trainer.train_dataloader
+    assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == (2, True, 2)
+    assert type(loader.dataset).__name__ == "NappingImages"
+    assert isinstance(loader.sampler, torch.utils.data.RandomSampler)  # shuffle kept
+    assert what_if.state_dict() == {"applied": {"num_workers": 2, "persistent_workers": True}}
+    assert "WhatIf: num_workers today -> 2 for this fit: measured 2.00x (2.00-2.00)" in caplog.text
+    saved = torch.load(ckpt.last_model_path, weights_only=True)
+    assert saved["callbacks"][what_if.state_key] == what_if.state_dict()
+
+    calls = _given(monkeypatch)  # a resume runs no trials
+    resumed = WhatIf(apply=["num_workers", "persistent_workers"], **QUICK)
+    trainer = ns.Trainer(
+        callbacks=[resumed, ns.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)],
+        **quiet_trainer_kwargs(
+            tmp_path,
+            max_epochs=3,
+            limit_train_batches=2,
+            limit_val_batches=0,
+            enable_checkpointing=True,
+        ),
+    )
+    trainer.fit(conv_model(ns.name)(), ckpt_path=ckpt.last_model_path)
+    assert calls == []
+    assert (trainer.train_dataloader.num_workers, trainer.train_dataloader.persistent_workers) == (
+        2,
+        True,
+    )
+
+
+@each_namespace
+def test_channels_last_and_a_fused_optimizer_are_applied_for_the_fit_and_taken_back(
+    ns: Namespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _given(
+        monkeypatch,
+        _won("channels_last", True, "model"),
+        _won("fused_optimizer", True, "model"),
+        _won("precision", "bf16-mixed", "model"),  # a winner never applied at run time
+    )
+    before = global_state.snapshot()
+    what_if = WhatIf(apply=True, **QUICK)
+    trainer, recorder = _fit(ns, tmp_path, [what_if])
+    assert recorder.channels_last == [True] * 3
+    assert recorder.fused == [True] * 3
+    assert set(what_if.applied.settings) == {"channels_last", "fused_optimizer"}
+    assert str(trainer.precision) == "32-true"
+    module = trainer.lightning_module
+    assert "on_after_batch_transfer" not in module.__dict__
+    assert module.net[0].weight.is_contiguous()
+    assert global_state.diff(before, global_state.snapshot()) == {}
+    precision = next(f for f in what_if.doctor_findings() if f.id == "what-if-precision")
+    assert precision.severity == "warning"
+    assert precision.fix == 'Trainer(precision="bf16-mixed")'
+
+
+@each_namespace
+def test_a_stream_that_ignores_its_workers_never_gets_more_of_them(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    duplicating = WhatIf(knobs=["num_workers", "cache"], **QUICK)
+    _fit(ns, tmp_path / "dup", [duplicating], stream=True, shards=False, n=64)
+    workers, cache = duplicating.measurements
+    assert workers.status == NOT_APPLICABLE
+    assert "does not shard by get_worker_info()" in (workers.reason or "")
+    assert cache.status == NOT_APPLICABLE
+
+    sharding = WhatIf(knobs=["num_workers"], **QUICK)
+    _fit(ns, tmp_path / "shard", [sharding], stream=True, shards=True, n=64)
+    assert sharding.measurements[0].gain is not None
+
+
+class _LibraryStream(Stream):
+    """A stream a library would own: never read aside from the fit."""
+
+    reads = 0
+
+    def __iter__(self) -> Any:
+        type(self).reads += 1
+        return super().__iter__()
+
+
+_LibraryStream.__module__ = "litdata.streaming.dataset"
+
+
+@each_namespace
+def test_a_library_stream_is_never_read_aside_from_the_fit(ns: Namespace, tmp_path: Path) -> None:
+    base = conv_model(ns.name)
+
+    class Model(base):  # type: ignore[misc, valid-type]
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(_LibraryStream(32), batch_size=8)
+
+    _LibraryStream.reads = 0
+    what_if = WhatIf(knobs=["num_workers", "channels_last"], **QUICK)
+    trainer = ns.Trainer(
+        callbacks=[what_if], **quiet_trainer_kwargs(tmp_path, max_steps=2, limit_val_batches=0)
+    )
+    trainer.fit(Model(stream=True))
+    assert _LibraryStream.reads == 1  # the fit's own iterator, nobody else's
+    assert all(m.status == NOT_APPLICABLE for m in what_if.measurements)
+    assert "library stream" in (what_if.measurements[0].reason or "")
+
+
+@each_namespace
+def test_a_candidate_that_runs_out_of_memory_is_not_applicable_and_the_fit_goes_on(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    _, plain = _fit(ns, tmp_path / "plain", [])
+    what_if = WhatIf(knobs=["channels_last", "fused_optimizer"], **QUICK)
+    _, tried = _fit(ns, tmp_path / "oom", [what_if], oom_channels_last=True)
+    channels_last, fused = what_if.measurements
+    assert channels_last.status == NOT_APPLICABLE
+    assert "ran out of memory" in (channels_last.reason or "")
+    assert fused.gain is not None  # the next knob still ran
+    assert all(torch.equal(a, b) for a, b in zip(plain.params, tried.params, strict=True))
+
+
+@each_namespace
+def test_a_training_step_that_raises_gives_a_clear_error_and_leaves_nothing_behind(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    before = namespaces.snapshot()
+    model = conv_model(ns.name)(fail=True)
+    initial = [p.detach().clone() for p in model.parameters()]
+    trainer = ns.Trainer(
+        callbacks=[WhatIf(knobs=["channels_last"], **QUICK)],
+        **quiet_trainer_kwargs(tmp_path, max_steps=2, limit_val_batches=0),
+    )
+    with pytest.raises(WhatIfError, match="training_step raised in a trial") as info:
+        trainer.fit(model)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert all(torch.equal(a, p) for a, p in zip(initial, model.parameters(), strict=True))
+    assert "process_dataloader" not in trainer.strategy.__dict__
+    assert global_state.diff(before, namespaces.snapshot()) == {}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.filterwarnings("ignore:Consider setting `persistent_workers=True`")
+def test_spawned_workers_are_tried_too(tmp_path: Path) -> None:
+    ns = namespaces.NAMESPACES[0]
+    what_if = WhatIf(knobs=["num_workers"], **QUICK)
+    trainer, _ = _fit(ns, tmp_path, [what_if], workers=1, context="spawn", n=64)
+    (workers,) = what_if.measurements
+    assert workers.today == "1"
+    assert workers.gain is not None
+    assert trainer.train_dataloader.multiprocessing_context is not None
+
+
+@each_namespace
+def test_the_table_reaches_the_loggers(ns: Namespace, tmp_path: Path) -> None:
+    what_if = WhatIf(knobs=["num_workers", "fused_optimizer"], **QUICK)
+    logger = ns.sub("loggers").CSVLogger(tmp_path, name="run")
+    trainer = ns.Trainer(
+        callbacks=[what_if],
+        **quiet_trainer_kwargs(tmp_path, max_steps=2, limit_val_batches=0, logger=logger),
+    )
+    trainer.fit(conv_model(ns.name)())
+    path = Path(logger.log_dir) / csv_file_name("speedpack/what_if")
+    with path.open() as f:
+        table = list(csv.reader(f))
+    assert tuple(table[0]) == TABLES["speedpack/what_if"] == COLUMNS
+    assert [row[0] for row in table[1:]] == ["num_workers", "fused_optimizer"]
+    figures = what_if.doctor_figures()["what_if"]
+    assert figures["columns"] == list(COLUMNS)
+    assert len(figures["rows"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"knobs": ["workers"]}, ValueError, "unknown knob"),
+        ({"knobs": "num_workers"}, TypeError, "list of knob names"),
+        ({"steps": 1}, ValueError, "`steps` must be an int >= 2"),
+        ({"rounds": 0}, ValueError, "`rounds` must be an int >= 1"),
+        ({"budget_s": -1}, ValueError, "`budget_s` must be a positive number"),
+        ({"min_gain": 0.9}, ValueError, "`min_gain` must be a number >= 1.0"),
+        ({"apply": ["precision"]}, ValueError, "never applied at run time"),
+        ({"apply": "yes"}, TypeError, "`apply` must be a bool or a list"),
+    ],
+)
+def test_bad_arguments_are_refused_at_construction(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        WhatIf(**kwargs)
+
+
+def _ddp_apply(root: str) -> dict[str, Any]:
+    """A rank: its own trials disagree; the fit must use rank 0's winner on every rank."""
+    import os
+
+    import pytorch_lightning as pl
+
+    rank = int(os.environ["RANK"])
+
+    def run(self: engine.Trials) -> list[Measurement]:
+        return [_won("num_workers", 2 if rank == 0 else 1)]
+
+    engine.Trials.run = run  # type: ignore[method-assign]  # this rank's process only
+    what_if = WhatIf(apply=["num_workers"], **QUICK)
+    trainer = pl.Trainer(
+        callbacks=[what_if],
+        strategy="ddp",
+        **quiet_trainer_kwargs(root, devices=2, max_steps=2, limit_val_batches=0),
+    )
+    trainer.fit(conv_model("pytorch_lightning")(n=64))
+    return {
+        "workers": trainer.train_dataloader.num_workers,
+        "sampler": type(trainer.train_dataloader.sampler).__name__,
+        "applied": what_if.applied.settings,
+    }
+
+
+@pytest.mark.timeout(300)
+def test_under_ddp_every_rank_applies_rank_zeros_winners(tmp_path: Path) -> None:
+    from tests.helpers.ddp import run_ddp
+
+    ranks = run_ddp(_ddp_apply, str(tmp_path), timeout=240)
+    assert [r["workers"] for r in ranks] == [2, 2]
+    assert [r["sampler"] for r in ranks] == ["DistributedSampler"] * 2
+    assert ranks[0]["applied"] == ranks[1]["applied"] == {"num_workers": 2}
