@@ -66,6 +66,7 @@ def test_every_public_callback_is_in_the_contract() -> None:
         "SyncPointWarnings",
         "ThroughputLogger",
         "WallTimeLedger",
+        "WhatIf",
     ]
 
 

@@ -91,6 +91,7 @@ class Report:
             console.print(runs)
         for i, run in enumerate(self.runs):
             _print_wall_time(console, i, run.figures.get("wall_time"))
+            _print_what_if(console, i, run.figures.get("what_if"))
         if self.skipped:
             console.print(
                 f"Left out (costlier; `speedpack doctor --deep` adds): {'; '.join(self.skipped)}."
@@ -118,6 +119,33 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
     return str(value)
+
+
+def _print_what_if(console: Any, run: int, what_if: Any) -> None:
+    # WhatIf's table: each remedy tried on this run's model and data, the measured gain.
+    if not isinstance(what_if, dict) or not what_if.get("rows"):
+        return
+    from rich.table import Table
+
+    seconds = what_if.get("trial_seconds")
+    title = f"Run {run}: what if (remedies tried on this model and data"
+    title += f", {seconds:.1f} s of trials)" if seconds is not None else ")"
+    table = Table(title=title)
+    shown = ("knob", "today", "candidate", "before", "after", "gain", "verdict", "note")
+    for col in shown:
+        table.add_column(col, overflow="fold")
+    columns = list(what_if.get("columns", []))
+    for row in what_if["rows"]:
+        cells = dict(zip(columns, row, strict=False))
+        gain = cells.get("gain")
+        if gain is not None and cells.get("gain_low") is not None:
+            gain = f"{gain:.2f}x ({cells['gain_low']:.2f}-{cells['gain_high']:.2f})"
+        cells["gain"] = gain
+        table.add_row(*(_fmt(cells.get(c)) for c in shown))
+    console.print(table)
+    applied = what_if.get("applied") or {}
+    if applied:
+        console.print("Applied for the fit: " + ", ".join(f"{k}={v}" for k, v in applied.items()))
 
 
 def _print_wall_time(console: Any, run: int, ledger: Any) -> None:
