@@ -40,7 +40,11 @@ from lightning_speedpack.strategies import registration as _registration
 
 if TYPE_CHECKING:
     from lightning_speedpack.advisor import AdvisorFinding, DeviceInfo, SpeedAdvisor
-    from lightning_speedpack.batch_size import BatchSizeTuner, BatchSizeTuningError
+    from lightning_speedpack.batch_size import (
+        BatchSizeTuner,
+        BatchSizeTuningError,
+        BatchSizeWarning,
+    )
     from lightning_speedpack.cache import CacheBudgetWarning, CachedDataset, CachedStream, CacheInfo
     from lightning_speedpack.core.findings import Finding
     from lightning_speedpack.data_xray import DataPipelineProfiler, stage
@@ -62,6 +66,7 @@ _ROOMS = {
     "AdvisorFinding": "advisor",
     "BatchSizeTuner": "batch_size",
     "BatchSizeTuningError": "batch_size",
+    "BatchSizeWarning": "batch_size",
     "CacheBudgetWarning": "cache",
     "CacheInfo": "cache",
     "CachedDataset": "cache",
@@ -90,6 +95,7 @@ __all__ = [
     "AdvisorFinding",
     "BatchSizeTuner",
     "BatchSizeTuningError",
+    "BatchSizeWarning",
     "CacheBudgetWarning",
     "CacheInfo",
     "CachedDataset",

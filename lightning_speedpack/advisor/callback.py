@@ -12,6 +12,7 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_speedpack.advisor import rules as _advice
+from lightning_speedpack.advisor.measured import with_measured_gains
 from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
 from lightning_speedpack.advisor.run_inputs import (
     fixed_shapes,
@@ -53,7 +54,10 @@ class SpeedAdvisor(Callback):
     ==========================  =================================================================
     finding ``id``              fires when
     ==========================  =================================================================
-    ``dataloader-workers``      ``num_workers=0``, or more workers than CPU cores per process
+    ``dataloader-workers``      ``num_workers=0``, or more workers than CPU cores per process;
+                                for ``num_workers=0`` only ``info`` (with the figure) once the
+                                step was measured waiting under 5% of its time for data (over
+                                >= 5 steps): workers would not pay there
     ``pin-memory``              ``pin_memory=False`` while training on a GPU (GPU only); with a
                                 :class:`~lightning_speedpack.StepTimeline` attached, only when
                                 the copy to the device takes >= 2% of the step, and it says how
@@ -72,6 +76,17 @@ class SpeedAdvisor(Callback):
     ``eval-grad``               grad mode on, or outputs with a graph, during validation
     ``sync-batchnorm``          BatchNorm under DDP with per-device batches < 16 (info)
     ==========================  =================================================================
+
+    Measured remedies: with a ``WhatIf`` on the Trainer (it tries the remedies on this model and
+    data at train start and publishes the gains, :data:`~lightning_speedpack.core.events.WHAT_IF`),
+    every finding whose knob was measured carries it (the knobs:
+    :data:`~lightning_speedpack.advisor.measured.FINDING_KNOBS`; ``data-wait`` takes the better
+    of the cache and the workers): ``figures["measured_gain"]`` and
+    ``figures["measured_candidate"]``, "; tried: <knob>=<candidate> gave <gain>x on this model"
+    in the evidence, and the gain in the fix. A gain under the results' ``min_gain`` makes the
+    finding ``info`` ("no gain here"), and so does a remedy that changes the numerics (it says
+    so); a knob "not applicable" or "not tried" changes nothing. See
+    :func:`~lightning_speedpack.advisor.measured.with_measured_gains`.
 
     Each finding is an :class:`~lightning_speedpack.advisor.rules.AdvisorFinding` (``id``,
     ``severity``, ``message``, ``evidence``, ``fix``, ``location``, ``figures``);
@@ -229,12 +244,16 @@ class SpeedAdvisor(Callback):
         self._verdicts: events.Subscription | None = None
         self._copy: events.BatchTransfer | None = None  # from the step timeline, if attached
         self._copies: events.Subscription | None = None
+        self._trials: events.WhatIfResults | None = None  # from WhatIf, if it ran
+        self._trial_results: events.Subscription | None = None
+        self._checked: list[AdvisorFinding] = []  # the findings before WhatIf's gains
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = []  # hook handles and the module belong to a running fit only
         state["_verdicts"] = None  # so does the subscription to the data profiler's verdict
         state["_copies"] = None  # and the one to the step timeline's copy
+        state["_trial_results"] = None  # and the one to WhatIf's results
         state["_patched_module"] = None
         state["_fetches"] = state["_tapped"] = None  # the fetch timer listens to a live Trainer
         for bound in ("log", "log_dict"):  # Lightning binds the module's methods onto callbacks
@@ -252,6 +271,7 @@ class SpeedAdvisor(Callback):
         self.measured_steps, self.data_wait_fraction = 0, None
         self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_verdict)
         self._copies = events.subscribe(events.BATCH_TRANSFER, self._on_copy)
+        self._trial_results = events.subscribe(events.WHAT_IF, self._on_trials)
         if "channels_last" in self.apply:
             pl_module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             self._announce("channels_last", "model converted to torch.channels_last (not undone)")
@@ -365,7 +385,7 @@ class SpeedAdvisor(Callback):
             self._remove_hooks()
             if self._reported and self._eval_grad is not None:
                 extra = _advice.check_eval_grad(self._eval_grad)
-                self.findings += extra
+                self._show([*self._checked, *extra])
                 if self.verbose:
                     rank_zero_info(
                         f"SpeedAdvisor: eval-grad: {extra[0].message} ({self._eval_grad})"
@@ -415,20 +435,34 @@ class SpeedAdvisor(Callback):
     def _on_verdict(self, verdict: events.DataVerdict) -> None:
         self._measured = verdict
         if self._reported:  # measured after the report (the profiler ran late): amend it
-            found = _advice.with_measured_workers(self.findings, verdict)
-            self.findings = _advice.with_measured_wait(found, verdict, self.data_wait_threshold)
+            found = _advice.with_measured_workers(self._checked, verdict)
+            found = _advice.with_measured_wait(found, verdict, self.data_wait_threshold)
+            self._show(self._with_own_wait(found))
 
     def _on_copy(self, measured: events.BatchTransfer) -> None:
         self._copy = measured  # read at the report and at train end: per batch, only kept
+
+    def _on_trials(self, results: events.WhatIfResults) -> None:
+        self._trials = results  # normally before the report, which applies it
+        if self._reported:
+            self._show(self._checked)
 
     def _amend_copy(self) -> None:
         """``pin-memory`` again from the rule of thumb, with the latest measured copy."""
         pins = [f for f in self._static if f.id == "pin-memory"]
         if not pins:
             return
-        found = [f for f in self.findings if f.id != "pin-memory"]
-        found += _advice.with_measured_copy(pins, self._copy)
-        self.findings = sorted(found, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
+        found = [f for f in self._checked if f.id != "pin-memory"]
+        self._show(found + _advice.with_measured_copy(pins, self._copy))
+
+    def _with_own_wait(self, found: list[AdvisorFinding]) -> list[AdvisorFinding]:
+        """``dataloader-workers`` for ``num_workers=0`` against the wait this advisor measured."""
+        return _advice.with_own_data_wait(found, self.data_wait_fraction, self.measured_steps)
+
+    def _show(self, checked: list[AdvisorFinding]) -> None:
+        """Keep the checks' findings; :attr:`findings` is them, with WhatIf's measured gains."""
+        self._checked = sorted(checked, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
+        self.findings = with_measured_gains(self._checked, self._trials)
 
     def _restore(self) -> None:
         self._measuring = False
@@ -441,6 +475,9 @@ class SpeedAdvisor(Callback):
         if self._copies is not None:
             self._copies.close()
             self._copies = None
+        if self._trial_results is not None:
+            self._trial_results.close()
+            self._trial_results = None
         if self._cudnn_before is not None:
             torch.backends.cudnn.benchmark = self._cudnn_before
             self._cudnn_before = None
@@ -473,8 +510,8 @@ class SpeedAdvisor(Callback):
         found += _advice.check_eval_grad(self._eval_grad)
         found = _advice.with_measured_workers(found, self._measured)
         found = _advice.with_measured_wait(found, self._measured, self.data_wait_threshold)
-        found = _advice.with_measured_copy(found, self._copy)
-        self.findings = sorted(found, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
+        found = self._with_own_wait(found)
+        self._show(_advice.with_measured_copy(found, self._copy))
         self._remove_hooks()
         if self.verbose and trainer.is_global_zero:
             self.print_table()

@@ -19,6 +19,8 @@ This module is the checklist's one import path; the checks live by concern:
   ``channels-last``.
 - :mod:`~lightning_speedpack.advisor.training_loop`: ``dataparallel``, ``zero-grad``,
   ``eval-grad``, ``sync-batchnorm``.
+- :mod:`~lightning_speedpack.advisor.measured`: every finding with the gain ``WhatIf`` measured
+  for its remedy (:func:`with_measured_gains`, :data:`FINDING_KNOBS`).
 """
 
 from lightning_speedpack.advisor.data_loading import (
@@ -29,6 +31,7 @@ from lightning_speedpack.advisor.data_loading import (
     with_measured_copy,
     with_measured_wait,
     with_measured_workers,
+    with_own_data_wait,
 )
 from lightning_speedpack.advisor.gpu import (
     check_channels_last,
@@ -37,6 +40,7 @@ from lightning_speedpack.advisor.gpu import (
     gpu_skip_reason,
     has_conv,
 )
+from lightning_speedpack.advisor.measured import FINDING_KNOBS, with_measured_gains
 from lightning_speedpack.advisor.shapes import (
     check_batch_size_multiple,
     check_conv_bias_before_bn,
@@ -58,6 +62,7 @@ from lightning_speedpack.advisor.vocabulary import (
 
 __all__ = [
     "FINDING_IDS",
+    "FINDING_KNOBS",
     "GPU_ONLY_IDS",
     "AdvisorFinding",
     "DeviceInfo",
@@ -79,6 +84,8 @@ __all__ = [
     "gpu_skip_reason",
     "has_conv",
     "with_measured_copy",
+    "with_measured_gains",
     "with_measured_wait",
     "with_measured_workers",
+    "with_own_data_wait",
 ]

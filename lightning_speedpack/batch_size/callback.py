@@ -1,4 +1,4 @@
-"""The largest -- or the fastest -- batch size that fits, a multiple of 8, agreed by every rank."""
+"""The largest, the fastest, or the nearest batch size that fits, a multiple of 8, rank-agreed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from typing_extensions import override
 
+from lightning_speedpack.batch_size.caveats import (
+    BatchSizeWarning,
+    Caveat,
+    few_steps_caveat,
+    unscaled_lr_caveat,
+)
 from lightning_speedpack.batch_size.checks import (
     BatchSizeTuningError,
     check_arguments,
@@ -14,14 +20,21 @@ from lightning_speedpack.batch_size.checks import (
     check_supported,
 )
 from lightning_speedpack.batch_size.console import print_trials_table
+from lightning_speedpack.batch_size.findings import (
+    caveat_findings,
+    multiple_finding,
+    trials_finding,
+)
 from lightning_speedpack.batch_size.lr_scaling import scale_learning_rates
+from lightning_speedpack.batch_size.measure import run_sizes
 from lightning_speedpack.batch_size.search import (
     SizeSearch,
     Trial,
-    format_trials,
     free_memory,
+    nearest_candidates,
     next_throughput_size,
     pick_fastest,
+    pick_nearest,
 )
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.collectives import validate_timeout
@@ -31,6 +44,7 @@ from lightning_speedpack.core.lightning import (
     lightning_getattr,
     lightning_setattr,
     rank_zero_info,
+    rank_zero_warn,
 )
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import (
@@ -52,22 +66,22 @@ from lightning_speedpack.core.trials import (
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-__all__ = ["BatchSizeTuner", "BatchSizeTuningError"]
+__all__ = ["BatchSizeTuner", "BatchSizeTuningError", "BatchSizeWarning"]
 
-Mode = Literal["max", "throughput"]
-_TENSOR_CORE_MULTIPLE = 8
+Mode = Literal["max", "throughput", "nearest"]
 _MAX_REFINEMENTS = 8  # extra throughput measurements around the fastest size
 
 
 class BatchSizeTuner(Callback):
-    """Set the batch size to the largest (or fastest) one that fits, a multiple of ``multiple_of``.
+    """Set the batch size to the largest, fastest or nearest one that fits, a multiple of 8.
 
     Tensor cores want batch sizes that are multiples of 8 and the guides say to fill device
     memory. At the start of ``fit``, before any training, the tuner runs real training steps
     (forward, backward, optimizer step) on real batches of the train dataloader, plus one
-    validation step when there is a val dataloader, at growing sizes: doubled until a size does not
-    fit, then a binary search between the last size that fit and the first that did not. Every
-    size tried is a multiple of ``multiple_of``. An out-of-memory error (``torch.OutOfMemoryError``
+    validation step when there is a val dataloader, at growing sizes (``"max"`` and
+    ``"throughput"``): doubled until a size does not fit, then a binary search between the last
+    size that fit and the first that did not. Every size tried is a multiple of ``multiple_of``
+    (``"nearest"`` also tries today's size). An out-of-memory error (``torch.OutOfMemoryError``
     or a known CUDA/cuDNN/cuBLAS/CPU-allocator message) means "does not fit"; memory is freed and
     the search goes on. Any other exception propagates unchanged.
 
@@ -78,6 +92,16 @@ class BatchSizeTuner(Callback):
       sizes around the fastest one (bisecting towards the peak on both sides), and keeps the
       fastest not above the ``"max"`` choice; sizes within 2% of the fastest count as tied and
       the larger wins. On several ranks the samples/s are the mean over ranks.
+    - ``mode="nearest"`` follows the guides' literal advice, "use a batch size that is a
+      multiple of 8", without moving far from the script's size: it measures samples/s (as
+      ``"throughput"`` does) at today's size (the value of ``attr_name``) and at the multiples
+      of ``multiple_of`` just below and above it (48, 50 and 56 for 50), multiples capped by
+      ``max_val`` and the dataset's length per rank, and keeps the fastest that fits; sizes
+      within 2% of the fastest count as tied and the one closest to today's size wins, so
+      today's size stays when the multiple is not measurably faster (it need not be a
+      multiple then). A size that already is a multiple is kept as it is, without trials
+      (``trials`` stays empty; the info line says "already a multiple of 8"): measuring its
+      neighbours is what ``"throughput"`` is for. ``init_val`` and ``margin`` play no part.
 
     Everything else is left as found: parameters and buffers (bit-identical), gradients, the
     optimizer and LR-scheduler state, train/eval modes, the trainer's step and epoch, the other
@@ -90,8 +114,22 @@ class BatchSizeTuner(Callback):
     param group's learning rate (and the schedulers' base learning rates) by
     ``chosen / original``.
 
+    Two warnings (:class:`~lightning_speedpack.batch_size.caveats.BatchSizeWarning`, on rank 0,
+    and as findings of severity ``"warning"`` in :meth:`doctor_findings`; findings of severity
+    ``"info"`` and no warning with ``dry_run``) follow a choice that changes the optimisation the
+    script was written for, in any mode:
+
+    - ``batch-size-few-steps``: the chosen size leaves fewer than 10 optimizer steps per epoch
+      (the dataset's length per rank over the size, over ``accumulate_grad_batches``), and fewer
+      than the script's size did: "batch size 2048 leaves 2 optimizer steps per epoch on 4,096
+      samples (batch size 50 left 82), ...". Not checked for a dataset without a length.
+    - ``batch-size-lr-unscaled``: the chosen size is more than 4x the script's, with
+      ``scale_lr=False``: "batch size 2048 is 41x the batch size 50 the script set, with the
+      learning rate unchanged: pass scale_lr=True or set the learning rate for the new size".
+
     After tuning, :attr:`batch_size` is the chosen size, :attr:`trials` the list of
-    ``(batch_size, fits, samples_per_sec)``, a table is printed on rank 0, and every logger gets
+    ``(batch_size, fits, samples_per_sec)`` (``mode="nearest"`` included), a table is printed on
+    rank 0, and every logger gets
     these hyperparameters:
 
     ====================  =====================================================================
@@ -138,8 +176,9 @@ class BatchSizeTuner(Callback):
     agreement for batch size 64 (trial 3) did not complete within 300 s: ...") instead of
     waiting for ever. Prints on rank 0 only.
 
-    Resuming: the chosen size is saved in the checkpoint (``state_dict``); fitting again from a
-    checkpoint applies it without new trials unless ``retune_on_resume=True``.
+    Resuming: the chosen size is saved in the checkpoint (``state_dict``, under a ``state_key``
+    that includes ``mode``); fitting again from a checkpoint applies it without new trials
+    unless ``retune_on_resume=True``.
 
     Supported: single-device and DDP strategies (``"ddp"``, ``"ddp_spawn"``) with automatic
     optimization. GPU paths (``torch.cuda.OutOfMemoryError``, ``empty_cache``, the device
@@ -148,12 +187,15 @@ class BatchSizeTuner(Callback):
     the main process's callback and model keep their old values.
 
     Args:
-        mode: ``"max"`` (largest size that fits) or ``"throughput"`` (fastest per sample).
-        multiple_of: every size tried and chosen is a multiple of this.
-        init_val: the first size tried (rounded up to a multiple).
-        max_val: no size above this is tried.
-        steps_per_trial: training steps per trial (at least 2 in ``"throughput"`` mode: the
-            first is a warm-up).
+        mode: ``"max"`` (largest size that fits), ``"throughput"`` (fastest per sample) or
+            ``"nearest"`` (today's size or a multiple next to it, the fastest).
+        multiple_of: every size tried and chosen is a multiple of this (in ``"nearest"`` mode,
+            today's size is tried, and kept, too).
+        init_val: the first size tried (rounded up to a multiple); at most ``max_val``.
+        max_val: no size above this is tried (in ``"nearest"`` mode: no multiple; today's size
+            is measured whatever it is).
+        steps_per_trial: training steps per trial (at least 2 in ``"throughput"`` and
+            ``"nearest"`` modes: the first is a warm-up).
         margin: fraction in ``[0, 1)`` taken off the largest fitting size before rounding down.
         attr_name: the batch-size attribute, looked up on the model, ``model.hparams`` and the
             datamodule (Lightning's order).
@@ -171,7 +213,7 @@ class BatchSizeTuner(Callback):
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: an argument is out of range.
+        ValueError: an argument is out of range, or ``init_val > max_val``.
 
     Example:
         >>> from pytorch_lightning import Trainer
@@ -180,9 +222,9 @@ class BatchSizeTuner(Callback):
         >>> class Model(BoringModel):
         ...     def __init__(self):
         ...         super().__init__()
-        ...         self.batch_size = 4
+        ...         self.batch_size = 8
         ...     def train_dataloader(self):
-        ...         return DataLoader(RandomDataset(32, 64), batch_size=self.batch_size)
+        ...         return DataLoader(RandomDataset(32, 640), batch_size=self.batch_size)
         >>> tuner = BatchSizeTuner(max_val=32, margin=0.0, verbose=False)
         >>> trainer = Trainer(accelerator="cpu", max_steps=1, callbacks=[tuner], logger=False,
         ...                   enable_checkpointing=False, enable_progress_bar=False,
@@ -247,6 +289,8 @@ class BatchSizeTuner(Callback):
         self._original: int | None = None
         self._in_use: int | None = None
         self._on_gpu = False
+        self._kept: str | None = None  # mode="nearest" kept the size without trials: why
+        self._caveats: list[Caveat] = []
 
     @property
     @override
@@ -258,6 +302,7 @@ class BatchSizeTuner(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._in_use = None
+        self._kept, self._caveats = None, []
         self._on_gpu = trainer.strategy.root_device.type == "cuda"
         resuming, self._restored = self._restored and trainer.ckpt_path is not None, False
         if self.report_only:
@@ -347,41 +392,16 @@ class BatchSizeTuner(Callback):
     # ----------------------------------------------------------------- doctor
 
     def doctor_findings(self) -> list[Finding]:
-        """Findings: a batch size that is not a multiple of 8, and the trials table."""
-        findings: list[Finding] = []
-        size = self._in_use
-        if size is not None and size % _TENSOR_CORE_MULTIPLE:
-            suggestion = max(_TENSOR_CORE_MULTIPLE, size - size % _TENSOR_CORE_MULTIPLE)
-            findings.append(
-                Finding(
-                    "batch_size",
-                    "batch-size-multiple",
-                    f"the batch size {size} is not a multiple of {_TENSOR_CORE_MULTIPLE}; "
-                    "tensor cores run fp16/bf16 matrix products fastest on multiples of 8",
-                    figures={"batch_size": size, "suggested_batch_size": suggestion},
-                    severity="warning" if self._on_gpu else "info",
-                    fix=f"use batch size {suggestion} (or {suggestion + _TENSOR_CORE_MULTIPLE}), "
-                    "or add "
-                    "`BatchSizeTuner()` to pick the largest multiple of 8 that fits",
-                )
-            )
-        if self.trials:
-            chosen = self.batch_size
-            action = "would choose" if self.dry_run else "chose"
-            findings.append(
-                Finding(
-                    "batch_size",
-                    "batch-size-trials",
-                    f"BatchSizeTuner (mode={self.mode!r}) {action} batch size {chosen} after "
-                    f"{len(self.trials)} trials:\n{format_trials(self.trials, chosen)}",
-                    figures={
-                        "tuned_batch_size": chosen,
-                        "trials": [[t.batch_size, t.fits, t.samples_per_sec] for t in self.trials],
-                    },
-                    severity="info",
-                )
-            )
-        return findings
+        """Findings: a batch size that is not a multiple of 8, the trials table, the caveats."""
+        findings = [
+            multiple_finding(self._in_use, self._on_gpu),
+            trials_finding(
+                self.mode, self.trials, self.batch_size, dry_run=self.dry_run, kept=self._kept
+            ),
+        ]
+        return [f for f in findings if f is not None] + caveat_findings(
+            self._caveats, applied=not self.dry_run
+        )
 
     def doctor_figures(self) -> dict[str, Any]:
         """Whole-run figures: ``batch_size`` in use (and ``tuned_batch_size`` when trials ran)."""
@@ -401,13 +421,10 @@ class BatchSizeTuner(Callback):
         )  # before any dataloader draws random numbers
         final = original
         try:
-            cap = dataset_length(source.train_dataloader())
-            if cap is not None:  # each rank trains on its shard of the dataset
-                cap //= trainer.world_size
-            try:
-                search = SizeSearch(self.init_val, self.max_val, self.multiple_of, self.margin, cap)
-            except ValueError as err:
-                raise BatchSizeTuningError(f"BatchSizeTuner: {err}") from None
+            loader = source.train_dataloader()
+            samples = dataset_length(loader)
+            if samples is not None:  # each rank trains on its shard of the dataset
+                samples //= trainer.world_size
             with logging_disabled(pl_module):
                 run = TrialRunner(
                     trainer,
@@ -418,14 +435,10 @@ class BatchSizeTuner(Callback):
                     error_type=BatchSizeTuningError,
                     collective_timeout=self.collective_timeout,
                 )
-                while (size := search.next_size()) is not None:
-                    lightning_setattr(pl_module, self.attr_name, size)
-                    fits, speed = run(size)
-                    search.record(size, fits, speed)
-                    snapshot.restore_grads()
-                if search.result is not None and self.mode == "throughput":
-                    self._refine(search, run)
-            trials, chosen = self._choose(search)
+                if self.mode == "nearest":
+                    trials, chosen = self._nearest(run, snapshot, original, samples)
+                else:
+                    trials, chosen = self._search(run, snapshot, samples)
             self.trials, self.batch_size, self.tuned = trials, chosen, True
             self._original = original
             if not self.dry_run:
@@ -437,6 +450,47 @@ class BatchSizeTuner(Callback):
         if self.scale_lr and final != original:
             scale_learning_rates(trainer, final / original)
         self._announce(trainer, original)
+        self._warn(trainer, original, samples, drop_last=getattr(loader, "drop_last", 0) is True)
+
+    def _search(
+        self, run: TrialRunner, snapshot: StateSnapshot, cap: int | None
+    ) -> tuple[list[Trial], int]:
+        """``"max"``/``"throughput"``: grow, bisect, verify (and refine around the fastest)."""
+        try:
+            search = SizeSearch(self.init_val, self.max_val, self.multiple_of, self.margin, cap)
+        except ValueError as err:
+            raise BatchSizeTuningError(f"BatchSizeTuner: {err}") from None
+        while (size := search.next_size()) is not None:
+            lightning_setattr(run.module, self.attr_name, size)
+            fits, speed = run(size)
+            search.record(size, fits, speed)
+            snapshot.restore_grads()
+        if search.result is not None and self.mode == "throughput":
+            self._refine(search, run)
+        return self._choose(search)
+
+    def _nearest(
+        self, run: TrialRunner, snapshot: StateSnapshot, original: int, samples: int | None
+    ) -> tuple[list[Trial], int]:
+        """``"nearest"``: today's size and its nearest multiples; the fastest, ties to today's."""
+        cap = self.max_val if samples is None else max(1, min(self.max_val, samples))
+        candidates = nearest_candidates(original, self.multiple_of, cap)
+        if candidates == [original]:
+            self._kept = (
+                f"batch size {original} is already a multiple of {self.multiple_of}"
+                if original % self.multiple_of == 0
+                else f"no multiple of {self.multiple_of} is <= {cap} (the smaller of max_val "
+                "and the dataset's length per rank)"
+            )
+            return [], original
+        trials = run_sizes(run, candidates, self.attr_name, snapshot)
+        chosen = pick_nearest(trials, original)
+        if chosen is None:
+            raise BatchSizeTuningError(
+                f"BatchSizeTuner: none of the batch sizes {candidates} fits in memory; lower the "
+                "batch size, make the model smaller or use mixed precision"
+            )
+        return trials, chosen
 
     def _refine(self, search: SizeSearch, run: TrialRunner) -> None:
         """Measure more sizes around the fastest one (sizes are agreed, so ranks stay in step)."""
@@ -467,6 +521,9 @@ class BatchSizeTuner(Callback):
         in_use = original if self.dry_run else chosen
         for logger in trainer.loggers:
             logger.log_hyperparams({"batch_size": in_use, "tuned_batch_size": chosen})
+        if self._kept is not None:
+            rank_zero_info(f"BatchSizeTuner: {self._kept}; kept it, no trials (mode='nearest').")
+            return
         verb = "would use" if self.dry_run else "uses"
         rank_zero_info(
             f"BatchSizeTuner: {verb} batch size {chosen} (was {original}; mode={self.mode!r}, "
@@ -474,6 +531,37 @@ class BatchSizeTuner(Callback):
         )
         if self.verbose and trainer.is_global_zero:
             print_trials_table(self.trials, chosen, self.mode)
+
+    def _warn(
+        self, trainer: pl.Trainer, original: int, samples: int | None, drop_last: bool
+    ) -> None:
+        """Warn (rank 0) when the chosen size changes the optimisation the script set up."""
+        chosen, applied = self.batch_size, not self.dry_run
+        if chosen is None:  # pragma: no cover - set by _tune
+            return
+        accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+        caveats = [
+            few_steps_caveat(
+                chosen=chosen,
+                original=original,
+                samples=samples,
+                multiple_of=self.multiple_of,
+                accumulate=accumulate if isinstance(accumulate, int) else 1,
+                drop_last=drop_last,
+                per_rank=trainer.world_size > 1,
+                suggest_nearest=self.mode != "nearest",
+                applied=applied,
+            )
+            if samples  # a dataset without a length (or an empty one): no steps to count
+            else None,
+            unscaled_lr_caveat(
+                chosen=chosen, original=original, scale_lr=self.scale_lr, applied=applied
+            ),
+        ]
+        self._caveats = [c for c in caveats if c is not None]
+        if applied:  # a dry run trains with the script's size: the doctor's report says it
+            for caveat in self._caveats:
+                rank_zero_warn(f"BatchSizeTuner: {caveat.text}", category=BatchSizeWarning)
 
 
 def _doctor_factory(_ctx: Any) -> Callback:

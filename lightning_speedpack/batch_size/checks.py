@@ -18,11 +18,16 @@ if TYPE_CHECKING:
     import pytorch_lightning as pl
 
 __all__ = [
+    "MODES",
     "BatchSizeTuningError",
     "check_arguments",
     "check_batch_size_holder",
     "check_supported",
 ]
+
+
+#: The tuner's modes, as ``BatchSizeTuner(mode=...)`` accepts them.
+MODES = ("max", "throughput", "nearest")
 
 
 class BatchSizeTuningError(RuntimeError):
@@ -47,7 +52,7 @@ def check_arguments(
     Raises:
         TypeError: an argument has the wrong type.
         ValueError: an argument is out of range, or ``max_val``/``steps_per_trial`` do not fit
-            ``multiple_of``/``mode``.
+            ``multiple_of``/``init_val``/``mode``.
     """
 
     def positive_int(name: str, value: Any) -> None:
@@ -56,8 +61,8 @@ def check_arguments(
         if value < 1:
             raise ValueError(f"`{name}` must be a positive int, got {value}")
 
-    if mode not in ("max", "throughput"):
-        raise ValueError(f"`mode` must be 'max' or 'throughput', got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be 'max', 'throughput' or 'nearest', got {mode!r}")
     for name, value in (
         ("multiple_of", multiple_of),
         ("init_val", init_val),
@@ -67,9 +72,15 @@ def check_arguments(
         positive_int(name, value)
     if max_val < multiple_of:
         raise ValueError(f"`max_val` ({max_val}) must be >= `multiple_of` ({multiple_of})")
-    if mode == "throughput" and steps_per_trial < 2:
+    if init_val > max_val:
         raise ValueError(
-            f"`steps_per_trial` must be >= 2 in 'throughput' mode (one warm-up step), "
+            f"`init_val` ({init_val}) must be <= `max_val` ({max_val}): the search starts at "
+            f"`init_val` and never tries a size above `max_val`; lower `init_val` or raise "
+            "`max_val`"
+        )
+    if mode in ("throughput", "nearest") and steps_per_trial < 2:
+        raise ValueError(
+            f"`steps_per_trial` must be >= 2 in {mode!r} mode (one warm-up step), "
             f"got {steps_per_trial}"
         )
     if isinstance(margin, bool) or not isinstance(margin, (int, float)):
@@ -83,35 +94,43 @@ def check_arguments(
             raise TypeError(f"`{name}` must be a bool, got {type(value).__name__} {value!r}")
 
 
-def check_batch_size_holder(pl_module: pl.LightningModule, attr: str) -> None:
+def check_batch_size_holder(
+    pl_module: pl.LightningModule, attr: str, *, owner: str = "BatchSizeTuner"
+) -> None:
     """Raise :class:`BatchSizeTuningError` when Lightning finds no batch-size attribute ``attr``."""
     if not lightning_hasattr(pl_module, attr):
         raise BatchSizeTuningError(
-            f"BatchSizeTuner: no batch-size attribute `{attr}` found; looked at `model.{attr}`, "
+            f"{owner}: no batch-size attribute `{attr}` found; looked at `model.{attr}`, "
             f"`model.hparams[{attr!r}]`, `datamodule.{attr}` and `datamodule.hparams[{attr!r}]`. "
             "Build the dataloaders from such an attribute or pass `attr_name=`"
         )
 
 
-def check_supported(trainer: pl.Trainer, pl_module: pl.LightningModule, attr: str) -> None:
+def check_supported(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    attr: str,
+    *,
+    owner: str = "BatchSizeTuner",
+) -> None:
     """Raise :class:`BatchSizeTuningError` when the trials cannot run on this fit.
 
     They need the batch-size attribute ``attr``, automatic optimization, exactly one optimizer
-    and a single-device or DDP strategy.
+    and a single-device or DDP strategy. ``owner`` names the caller in the messages.
     """
-    check_batch_size_holder(pl_module, attr)
+    check_batch_size_holder(pl_module, attr, owner=owner)
     if not pl_module.automatic_optimization:
         raise BatchSizeTuningError(
-            "BatchSizeTuner supports automatic optimization only (the trials run the optimizer "
+            f"{owner} supports automatic optimization only (the trials run the optimizer "
             "step themselves)"
         )
     model = trainer.strategy.model
     if model is not pl_module and not isinstance(model, DistributedDataParallel):
         raise BatchSizeTuningError(
-            f"BatchSizeTuner supports single-device and DDP strategies, not "
+            f"{owner} supports single-device and DDP strategies, not "
             f"{type(trainer.strategy).__name__}"
         )
     if len(trainer.optimizers) != 1:
         raise BatchSizeTuningError(
-            f"BatchSizeTuner needs exactly one optimizer, found {len(trainer.optimizers)}"
+            f"{owner} needs exactly one optimizer, found {len(trainer.optimizers)}"
         )

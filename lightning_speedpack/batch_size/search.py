@@ -1,8 +1,10 @@
 """Pure helpers behind :class:`~lightning_speedpack.BatchSizeTuner`.
 
-Which batch size to try next (:class:`SizeSearch`), which measured size to keep
-(:func:`pick_fastest`), whether an exception is an out-of-memory error (:func:`is_oom_error`) and
-how to give the memory back afterwards (:func:`free_memory`). Nothing here knows about Lightning.
+Which batch size to try next (:class:`SizeSearch`; in ``mode="nearest"``,
+:func:`nearest_candidates` around today's size, from :func:`nearest_multiples`), which measured
+size to keep (:func:`pick_fastest`, :func:`pick_nearest`), whether an exception is an
+out-of-memory error (:func:`is_oom_error`) and how to give the memory back afterwards
+(:func:`free_memory`). Nothing here knows about Lightning.
 """
 
 from __future__ import annotations
@@ -20,14 +22,19 @@ __all__ = [
     "format_trials",
     "free_memory",
     "is_oom_error",
+    "nearest_candidates",
+    "nearest_multiples",
     "next_throughput_size",
     "pick_fastest",
+    "pick_nearest",
     "round_down",
+    "round_up",
 ]
 
 
-#: Sizes whose samples/s are within this fraction of the fastest count as tied (the larger wins):
-#: a timing difference this small is noise on a shared machine.
+#: Sizes whose samples/s are within this fraction of the fastest count as tied: a timing
+#: difference this small is noise on a shared machine. :func:`pick_fastest` gives a tie to the
+#: larger size, :func:`pick_nearest` to the size closest to today's.
 THROUGHPUT_TIE_TOLERANCE = 0.02
 
 
@@ -47,6 +54,72 @@ def round_down(value: float, multiple: int) -> int:
         (664, 0)
     """
     return int(value // multiple) * multiple
+
+
+def round_up(value: int, multiple: int) -> int:
+    """Return the smallest multiple of ``multiple`` that is ``>= value``.
+
+    Example:
+        >>> round_up(50, 8), round_up(64, 8), round_up(0, 8)
+        (56, 64, 0)
+    """
+    return -(-value // multiple) * multiple
+
+
+def nearest_multiples(size: int, multiple_of: int, cap: int | None = None) -> list[int]:
+    """Return the multiples of ``multiple_of`` nearest to ``size``, ascending, none above ``cap``.
+
+    The multiple just below ``size`` and the one just above it; ``[size]`` alone when ``size``
+    already is a multiple. ``size`` itself is not in the list otherwise (see
+    :func:`nearest_candidates` for the list a measurement compares). A multiple above ``cap``
+    (``max_val``, the dataset's length per rank) is left out; when ``cap`` is below ``size``
+    the multiple below is the largest one ``<= cap`` instead (a loader over ``cap`` samples
+    never yields a batch larger than ``cap``). Zero is not a batch size: for ``size <
+    multiple_of`` only ``multiple_of`` is returned, and the list is empty when ``cap <
+    multiple_of``.
+
+    Args:
+        size: today's batch size.
+        multiple_of: the multiple wanted (8 for tensor cores).
+        cap: no size above this; ``None``: no cap.
+
+    Raises:
+        TypeError: ``size``, ``multiple_of`` or ``cap`` is not an int.
+        ValueError: one of them is below 1.
+
+    Example:
+        >>> nearest_multiples(50, 8), nearest_multiples(64, 8), nearest_multiples(5, 8)
+        ([48, 56], [64], [8])
+        >>> nearest_multiples(50, 8, cap=52), nearest_multiples(50, 8, cap=40)
+        ([48], [40])
+        >>> nearest_multiples(50, 8, cap=7)
+        []
+    """
+    for name, value in (("size", size), ("multiple_of", multiple_of), ("cap", cap)):
+        if value is None and name == "cap":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"`{name}` must be an int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"`{name}` must be a positive int, got {value}")
+    upper = size if cap is None else min(size, cap)
+    below, above = round_down(upper, multiple_of), round_up(size, multiple_of)
+    return sorted({m for m in (below, above) if m >= multiple_of and (cap is None or m <= cap)})
+
+
+def nearest_candidates(size: int, multiple_of: int, cap: int | None = None) -> list[int]:
+    """Return the sizes ``mode="nearest"`` measures: ``size`` and :func:`nearest_multiples`.
+
+    Ascending. Today's ``size`` is always in the list, whatever ``cap``: it is what the run
+    does without the tuner, the baseline the multiples must beat. ``[size]`` alone means
+    there is nothing to measure: ``size`` already is a multiple of ``multiple_of`` (within
+    ``cap``), or no multiple is ``<= cap``.
+
+    Example:
+        >>> nearest_candidates(50, 8), nearest_candidates(64, 8), nearest_candidates(50, 8, cap=52)
+        ([48, 50, 56], [64], [48, 50])
+    """
+    return sorted({size, *nearest_multiples(size, multiple_of, cap)})
 
 
 class SizeSearch:
@@ -186,6 +259,34 @@ def pick_fastest(
         t.batch_size for t in measured if (t.samples_per_sec or 0.0) >= best * (1 - tie_tolerance)
     ]
     return max(tied)
+
+
+def pick_nearest(
+    trials: Iterable[Trial], size: int, tie_tolerance: float = THROUGHPUT_TIE_TOLERANCE
+) -> int | None:
+    """Return the fitting size with the most samples/s; near-ties go to the one closest to ``size``.
+
+    ``size`` is today's batch size: among the sizes within ``tie_tolerance`` of the fastest, the
+    one that changes the optimisation least wins (then the faster, then the larger). ``None``
+    when no trial fit with a measured speed.
+
+    Example:
+        >>> trials = [Trial(48, True, 1000.0), Trial(50, True, 990.0), Trial(56, True, 1010.0)]
+        >>> pick_nearest(trials, size=50)  # all three within 2% of the fastest: 50 stays
+        50
+        >>> pick_nearest(trials, size=50, tie_tolerance=0.0)
+        56
+        >>> pick_nearest([Trial(48, True, 1000.0), Trial(50, False), Trial(56, True, 900.0)], 50)
+        48
+    """
+    measured = [t for t in trials if t.fits and t.samples_per_sec is not None]
+    if not measured:
+        return None
+    best = max(t.samples_per_sec or 0.0 for t in measured)
+    tied = [t for t in measured if (t.samples_per_sec or 0.0) >= best * (1 - tie_tolerance)]
+    return min(
+        tied, key=lambda t: (abs(t.batch_size - size), -(t.samples_per_sec or 0.0), -t.batch_size)
+    ).batch_size
 
 
 def format_trials(trials: Sequence[Trial], chosen: int | None) -> str:

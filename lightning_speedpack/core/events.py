@@ -177,6 +177,7 @@ class KnobResult:
             ``"not applicable"``, ``"not tried"``.
         reason: why not applicable / not tried (None otherwise).
         side: ``"loader"`` or ``"model"``.
+        applied: ``WhatIf`` applied the candidate for this fit.
     """
 
     knob: str
@@ -186,6 +187,7 @@ class KnobResult:
     verdict: str
     reason: str | None = None
     side: str = "model"
+    applied: bool = False
 
     @property
     def measured(self) -> bool:

@@ -323,11 +323,12 @@ class WhatIf(Callback):
                 )
             )
         self.trial_seconds = time.perf_counter() - start
-        events.publish(events.WHAT_IF, results(self.measurements, self.min_gain, self.tolerance))
         chosen = self._winners() if self.apply else {}
         if self.apply and trainer.world_size > 1:
             chosen = self._agree(trainer, chosen)
         self._apply(trainer, pl_module, chosen, "measured")
+        found = results(self.measurements, self.min_gain, self.tolerance, self.applied.settings)
+        events.publish(events.WHAT_IF, found)
 
     def _budget(self, trainer: pl.Trainer) -> float:
         if self.budget_s is not None:

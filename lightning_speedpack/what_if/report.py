@@ -9,7 +9,7 @@ winners, beside what the fit then measured.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,7 +197,12 @@ def project(
     return Projection(loader_today, model_today, loader_after, model_after, fit)
 
 
-def results(found: Sequence[Measurement], min_gain: float, tolerance: float) -> WhatIfResults:
+def results(
+    found: Sequence[Measurement],
+    min_gain: float,
+    tolerance: float,
+    applied: Collection[str] = (),
+) -> WhatIfResults:
     """What the advisor gets (see :data:`~lightning_speedpack.core.events.WHAT_IF`)."""
     return WhatIfResults(
         tuple(
@@ -209,6 +214,7 @@ def results(found: Sequence[Measurement], min_gain: float, tolerance: float) -> 
                 m.verdict(min_gain, tolerance),
                 m.reason,
                 m.side,
+                m.knob in applied,
             )
             for m in found
         ),

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from lightning_speedpack.advisor import rules as _advice
+from lightning_speedpack.advisor.data_loading import MIN_WAIT_STEPS, WORKERS_WAIT_THRESHOLD
 from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
 from lightning_speedpack.core.events import BatchTransfer, DataVerdict
 
@@ -294,6 +295,76 @@ def test_workers_that_cannot_close_the_gap_are_not_advised() -> None:
     found = _advice.check_dataloader_workers(loader, cpu_cores=2)
     capped = DataVerdict("data", 150.0, 36000.0, 1, 150.0, 0, 0.9, 40.0, workers_close_gap=False)
     assert _advice.with_measured_workers(found, capped) == []
+
+
+# --- dataloader-workers against the advisor's own measured data wait (issue 24) --------------
+
+
+def _no_workers() -> list[AdvisorFinding]:
+    return _advice.check_dataloader_workers(loader(num_workers=0), cpu_cores=4)
+
+
+def test_num_workers_0_is_info_when_the_step_hardly_waits_for_data() -> None:
+    """Issue 24: the transformer example waited 1% of its step for data, yet "add workers"."""
+    (f,) = _advice.with_own_data_wait(_no_workers(), 0.0123, steps=20)
+    assert (f.id, f.severity, f.location) == ("dataloader-workers", "info", "train_dataloader")
+    assert f.evidence == (
+        "train_dataloader: num_workers=0; measured: the step waits 1% of its time for data; "
+        "workers would not pay here"
+    )
+    assert f.message == (
+        "batches are loaded in the training process, and the step hardly waits for them"
+    )
+    assert f.fix == (
+        "none while loading stays this fast; if it gets slower (decoding, augmentation, remote "
+        "storage): DataLoader(num_workers=4, ...)"
+    )
+    assert f.figures == {
+        "num_workers": 0,
+        "cpu_cores_per_process": 4,
+        "data_wait_fraction": 0.0123,
+        "steps": 20,
+    }
+    (f,) = _advice.with_own_data_wait(_no_workers(), 0.004, steps=5)
+    assert "waits 0.4% of its time" in f.evidence
+
+
+@pytest.mark.parametrize(
+    ("fraction", "steps"),
+    [
+        (0.05, 20),  # exactly 5%: not under it
+        (0.30, 20),  # a real wait
+        (0.01, 4),  # too few steps to trust the figure
+        (None, 0),  # not measured
+    ],
+)
+def test_num_workers_0_stays_a_warning_unless_a_small_wait_was_measured(
+    fraction: float | None, steps: int
+) -> None:
+    assert _advice.with_own_data_wait(_no_workers(), fraction, steps) == _no_workers()
+
+
+def test_the_wait_threshold_and_steps_are_named_constants() -> None:
+    assert WORKERS_WAIT_THRESHOLD == 0.05
+    assert MIN_WAIT_STEPS == 5
+    found = _no_workers()
+    assert _advice.with_own_data_wait(found, 0.08, 3, threshold=0.1, min_steps=3)[0].severity == (
+        "info"
+    )
+
+
+def test_more_workers_than_cores_stays_whatever_the_wait() -> None:
+    found = _advice.check_dataloader_workers(loader(num_workers=8), cpu_cores=2)
+    other = AdvisorFinding("data-wait", "warning", "waits", "e", "fix")
+    assert _advice.with_own_data_wait([*found, other], 0.0, steps=50) == [*found, other]
+
+
+def test_a_measured_worker_count_is_info_too_when_the_run_hardly_waited() -> None:
+    (measured,) = _advice.with_measured_workers(_no_workers(), _measured("data"))
+    (f,) = _advice.with_own_data_wait([measured], 0.02, steps=10)
+    assert f.severity == "info"
+    assert f.fix.endswith("DataLoader(num_workers=6, ...)")  # the count it measured
+    assert f.figures["workers_needed"] == 6
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,11 @@ from tests.helpers.ddp import run_ddp
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
 
+# These tests run the tuner on deliberately tiny datasets from tiny batch sizes, so most choices
+# come with its advice (a size many times the script's, few steps per epoch): that advice is
+# asserted in test_caveats.py, and ignored here.
+pytestmark = pytest.mark.filterwarnings("ignore::lightning_speedpack.batch_size.BatchSizeWarning")
+
 
 class LimitedModel(SizedBoringModel):
     """Raises ``torch.OutOfMemoryError`` for a batch larger than ``limit`` (the injected memory)."""
@@ -350,12 +355,23 @@ def test_multiple_of_itself_does_not_fit(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"mode": "power"}, ValueError, "`mode` must be 'max' or 'throughput', got 'power'"),
+        (
+            {"mode": "power"},
+            ValueError,
+            "`mode` must be 'max', 'throughput' or 'nearest', got 'power'",
+        ),
         ({"multiple_of": 0}, ValueError, "`multiple_of` must be a positive int, got 0"),
         ({"init_val": 2.0}, TypeError, "`init_val` must be an int, got float 2.0"),
         ({"max_val": 4}, ValueError, r"`max_val` \(4\) must be >= `multiple_of` \(8\)"),
         ({"steps_per_trial": -1}, ValueError, "`steps_per_trial` must be a positive int, got -1"),
         ({"mode": "throughput", "steps_per_trial": 1}, ValueError, "one warm-up step"),
+        ({"mode": "nearest", "steps_per_trial": 1}, ValueError, "in 'nearest' mode"),
+        (
+            {"init_val": 64, "max_val": 8},
+            ValueError,
+            r"`init_val` \(64\) must be <= `max_val` \(8\): .* lower `init_val` or raise "
+            "`max_val`",
+        ),
         ({"margin": 1.0}, ValueError, r"`margin` must be in \[0, 1\), got 1.0"),
         ({"margin": "5%"}, TypeError, "`margin` must be a float, got str"),
         ({"attr_name": ""}, TypeError, "`attr_name` must be a non-empty str"),
@@ -531,8 +547,20 @@ def test_doctor_shows_the_trials_of_a_tuner_the_script_added(tmp_path: Path) -> 
     assert result.exit_code == 0
     assert result.report.runs[0].figures["batch_size"] == 88
     assert result.report.runs[0].figures["tuned_batch_size"] == 88
-    (finding,) = [f for f in result.report.findings if f.component == "batch_size"]
-    assert finding.id == "batch-size-trials"
+    by_id = {f.id: f for f in result.report.findings if f.component == "batch_size"}
+    assert sorted(by_id) == ["batch-size-few-steps", "batch-size-trials"]
+    steps = by_id["batch-size-few-steps"]  # 512 samples: 88 leaves 6 steps, 30 left 18
+    assert steps.severity == "warning"
+    assert steps.figures == {
+        "batch_size": 88,
+        "original_batch_size": 30,
+        "samples": 512,
+        "steps_per_epoch": 6,
+        "original_steps_per_epoch": 18,
+    }
+    assert steps.fix is not None
+    assert steps.fix.startswith("pass `max_val=48` (10 steps per epoch)")
+    finding = by_id["batch-size-trials"]
     assert "chose batch size 88 after" in finding.message
     assert "88   yes" in finding.message
     assert "<- chosen" in finding.message
@@ -565,7 +593,8 @@ def test_csv_logger_gets_the_trials_table_and_tuned_size(ns: Namespace, tmp_path
         callbacks=[tuner],
         **quiet_trainer_kwargs(tmp_path, max_steps=1, logger=logger, limit_val_batches=0),
     )
-    trainer.fit(ns.SizedBoringModel(batch_size=4))
+    # at most 4x the batch size and at least 32 steps per epoch: no caveat, one finding
+    trainer.fit(ns.SizedBoringModel(batch_size=8, length=1024))
     log_dir = Path(logger.log_dir)
     rows = _csv(log_dir / "speedpack_batch_size_trials.csv")
     assert [(int(r["batch_size"]), r["fits"]) for r in rows] == [

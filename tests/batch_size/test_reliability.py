@@ -19,6 +19,9 @@ from tests.batch_size.test_callback import LimitedModel, _expected, _fit
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import quiet_trainer_kwargs
 
+# The tuner's advice on these tiny datasets is asserted in test_caveats.py.
+pytestmark = pytest.mark.filterwarnings("ignore::lightning_speedpack.batch_size.BatchSizeWarning")
+
 
 class WorkerModel(LimitedModel):
     """LimitedModel whose loaders use worker processes; it keeps every loader it built."""

@@ -11,9 +11,13 @@ from lightning_speedpack.batch_size.search import (
     format_trials,
     free_memory,
     is_oom_error,
+    nearest_candidates,
+    nearest_multiples,
     next_throughput_size,
     pick_fastest,
+    pick_nearest,
     round_down,
+    round_up,
 )
 
 
@@ -221,3 +225,85 @@ def test_margin_only_applies_below_an_out_of_memory_size() -> None:
         search.record(size, True)
     assert search.result == 96
     assert [t.batch_size for t in search.trials] == [8, 16, 32, 64, 96]
+
+
+# --- mode="nearest" ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("size", "multiple_of", "cap", "expected"),
+    [
+        (50, 8, None, [48, 56]),
+        (64, 8, None, [64]),  # already a multiple: itself only
+        (1, 8, None, [8]),  # zero is not a batch size
+        (7, 8, 7, []),  # and 8 is above the cap
+        (50, 8, 56, [48, 56]),  # the cap is inclusive
+        (50, 8, 55, [48]),
+        (50, 8, 40, [40]),  # the cap below the size: the largest multiple under it
+        (64, 8, 40, [40]),
+        (100, 6, None, [96, 102]),
+        (2048, 8, 4096, [2048]),
+    ],
+)
+def test_nearest_multiples(
+    size: int, multiple_of: int, cap: int | None, expected: list[int]
+) -> None:
+    assert nearest_multiples(size, multiple_of, cap) == expected
+
+
+def test_nearest_multiples_are_multiples_next_to_the_size() -> None:
+    for size in range(1, 200):
+        found = nearest_multiples(size, 8)
+        assert all(m % 8 == 0 for m in found)
+        assert found == sorted(found)
+        assert (found == [size]) == (size % 8 == 0)
+        assert max(found) - min(found) <= 8  # neighbours: no multiple between them and the size
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"size": 0, "multiple_of": 8}, ValueError, "`size` must be a positive int, got 0"),
+        ({"size": 50, "multiple_of": 0}, ValueError, "`multiple_of` must be a positive int"),
+        ({"size": 50, "multiple_of": 8, "cap": 0}, ValueError, "`cap` must be a positive int"),
+        ({"size": 50.0, "multiple_of": 8}, TypeError, "`size` must be an int, got float 50.0"),
+        ({"size": True, "multiple_of": 8}, TypeError, "`size` must be an int, got bool"),
+    ],
+)
+def test_nearest_multiples_rejects_bad_arguments(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        nearest_multiples(**kwargs)  # type: ignore[arg-type]
+
+
+def test_nearest_candidates_always_hold_todays_size() -> None:
+    assert nearest_candidates(50, 8) == [48, 50, 56]
+    assert nearest_candidates(64, 8) == [64]  # nothing to measure
+    assert nearest_candidates(50, 8, cap=52) == [48, 50]
+    assert nearest_candidates(50, 8, cap=48) == [48, 50]  # max_val below today's size
+    assert nearest_candidates(5, 8, cap=4) == [5]  # no multiple under the cap: nothing to do
+
+
+def test_round_up() -> None:
+    assert [round_up(v, 8) for v in (1, 8, 9, 16, 17)] == [8, 8, 16, 16, 24]
+
+
+def test_pick_nearest_breaks_ties_towards_todays_size() -> None:
+    trials = [Trial(48, True, 1000.0), Trial(50, True, 995.0), Trial(56, True, 1015.0)]
+    assert pick_nearest(trials, 50) == 50  # all within 2% of 1015
+    assert pick_nearest(trials, 50, tie_tolerance=0.0) == 56
+    assert pick_nearest(trials, 50, tie_tolerance=0.01) == 56  # 1000 and 995 are > 1% behind
+    faster = [Trial(48, True, 1000.0), Trial(50, True, 900.0), Trial(56, True, 990.0)]
+    assert pick_nearest(faster, 50) == 48  # 48 and 56 tie; 48 is closer to 50
+    # equally close (52 is 4 from both): the faster, then the larger
+    assert pick_nearest([Trial(48, True, 999.0), Trial(56, True, 1000.0)], 52) == 56
+    assert pick_nearest([Trial(48, True, 1000.0), Trial(56, True, 999.0)], 52) == 48
+    assert pick_nearest([Trial(48, True, 1000.0), Trial(56, True, 1000.0)], 52) == 56
+
+
+def test_pick_nearest_skips_sizes_that_did_not_fit() -> None:
+    trials = [Trial(48, True, 100.0), Trial(50, False), Trial(56, False)]
+    assert pick_nearest(trials, 50) == 48
+    assert pick_nearest([Trial(48, False), Trial(50, False)], 50) is None
+    assert pick_nearest([Trial(48, True, None)], 50) is None  # fit, but not measured
