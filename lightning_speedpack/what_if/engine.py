@@ -632,7 +632,7 @@ def _model_today(trainer: pl.Trainer, knob: str) -> str:
     if knob == "fused_optimizer":
         opt = trainer.optimizers[0] if trainer.optimizers else None
         fused = bool(opt and any(g.get("fused") for g in opt.param_groups))
-        return f"{type(opt).__name__}(fused={fused})" if opt is not None else "-"
+        return f"{type(opt).__name__}{' fused' if fused else ''}" if opt is not None else "-"
     if knob == "batch_size":
         module = trainer.lightning_module
         return (
