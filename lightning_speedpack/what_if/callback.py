@@ -118,7 +118,9 @@ class WhatIf(Callback):
         steps: timed steps (model) or batches (loader) per trial, at least 2.
         rounds: baseline/candidate alternations per knob, at least 1 (3 by default).
         budget_s: seconds all trials may take; what did not fit is "not tried". Default: 60 s,
-            or 5% of ``Trainer(max_time=...)`` when that is less.
+            or 5% of the fit when its length is known and that is less (``max_time``, or its
+            batches times the slower of the first measured loader batch and model step: a
+            short fit gets a short budget; pass ``budget_s`` to try more).
         apply: ``False``, ``True`` (every run-time winner) or a list of knob names.
         min_gain: the gain a candidate must reach in every round to be applied (>= 1).
         tolerance: the largest relative loss difference a candidate may make.
@@ -309,6 +311,8 @@ class WhatIf(Callback):
             self._budget(trainer),
             self.tolerance,
             cores=max(1, cpu_count() // max(1, int(trainer.num_devices))),
+            fit_batches=None if self.budget_s is not None else fit_batches(trainer, loader),
+            fit_share=BUDGET_SHARE,
         )
         self.measurements = Trials(trainer, pl_module, loader, plan).run()
         if knobs != self.knobs:
@@ -450,6 +454,36 @@ class WhatIf(Callback):
         }
         if gains:
             log_summary(trainer, gains)
+
+
+def fit_batches(trainer: pl.Trainer, loader: Any) -> int | None:
+    """The training batches the fit will run, when its length is known (else None).
+
+    ``max_steps`` optimizer steps (times the gradient accumulation), or ``max_epochs`` epochs
+    of the loader's length under ``limit_train_batches``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> t = SimpleNamespace(max_steps=-1, max_epochs=3, limit_train_batches=1.0,
+        ...                     accumulate_grad_batches=1)
+        >>> fit_batches(t, range(40)), fit_batches(t, iter([]))
+        (120, None)
+    """
+    if trainer.max_steps and trainer.max_steps > 0:
+        return int(trainer.max_steps) * max(1, int(trainer.accumulate_grad_batches))
+    try:
+        per_epoch = len(loader)
+    except TypeError:
+        return None
+    limit = trainer.limit_train_batches
+    if isinstance(limit, float):
+        per_epoch = int(per_epoch * limit)
+    elif isinstance(limit, int):
+        per_epoch = min(per_epoch, limit)
+    epochs = trainer.max_epochs
+    if epochs is None or epochs < 0:
+        return None
+    return per_epoch * epochs
 
 
 def _check_types(**values: Any) -> None:

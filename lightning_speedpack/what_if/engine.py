@@ -67,6 +67,11 @@ class TrialPlan:
     budget_s: float = 60.0
     tolerance: float = 1e-3
     cores: int = 1  # this rank's share of the cores: the largest worker count tried
+    #: The fit's training batches when known: then the trials also stay within ``fit_share``
+    #: of the fit's length, projected from the first measured batch (``budget_s`` given by the
+    #: user: None).
+    fit_batches: int | None = None
+    fit_share: float = 0.05
 
 
 class Trials:
@@ -87,6 +92,8 @@ class Trials:
         self.batch: Any = None
         self.loader_batches: int | None = None  # batches per loader trial (calibrated)
         self.model_steps: int | None = None  # steps per model trial (calibrated)
+        self.loader_batch_s: float | None = None  # today's loader: seconds per batch
+        self.model_step_s: float | None = None  # today's model: seconds per step
         self.settings: dict[str, Any] = {}  # the loader winners so far (for later loader knobs)
         self.today_settings: dict[str, Any] = {}
 
@@ -109,13 +116,33 @@ class Trials:
         order = {k: i for i, k in enumerate(self.plan.knobs)}
         return sorted(found, key=lambda m: order.get(m.knob, len(order)))
 
+    @property
+    def budget_s(self) -> float:
+        """``budget_s``, or ``fit_share`` of the fit's projected length when that is less."""
+        fit = self.fit_seconds()
+        if fit is None:
+            return self.plan.budget_s
+        return min(self.plan.budget_s, self.plan.fit_share * fit)
+
+    def fit_seconds(self) -> float | None:
+        """The fit's length projected from its batches and the slower measured ceiling."""
+        per_batch = max(self.loader_batch_s or 0.0, self.model_step_s or 0.0)
+        if self.plan.fit_batches is None or per_batch <= 0:
+            return None
+        return self.plan.fit_batches * per_batch
+
     def _left(self) -> bool:
-        return time.perf_counter() - self.started < self.plan.budget_s
+        return time.perf_counter() - self.started < self.budget_s
 
     def _over_budget(self, knob: str, side: str, today: str) -> Measurement:
-        return Measurement.skipped(
-            knob, side, today, NOT_TRIED, f"the budget of {self.plan.budget_s:g} s ran out"
-        )
+        fit = self.fit_seconds()
+        why = f"the budget of {self.budget_s:.3g} s ran out"
+        if fit is not None and self.budget_s < self.plan.budget_s:
+            why += (
+                f" ({self.plan.fit_share:.0%} of this fit's projected {fit:.3g} s; "
+                "WhatIf(budget_s=...) sets it)"
+            )
+        return Measurement.skipped(knob, side, today, NOT_TRIED, why)
 
     # ------------------------------------------------------------------ loader side
 
@@ -136,6 +163,9 @@ class Trials:
         found = []
         for knob in knobs:
             today = _today(loader, knob)
+            if knob == "pin_memory" and self.trainer.strategy.root_device.type != "cuda":
+                found.append(Measurement.skipped(knob, "loader", today, NOT_APPLICABLE, GPU_ONLY))
+                continue
             if not self._left():
                 found.append(self._over_budget(knob, "loader", today))
                 continue
@@ -170,6 +200,7 @@ class Trials:
                 result = loader_ceiling(side, batches=self.plan.steps)
             self.batch = result.batch
             per_batch = result.seconds / result.batches if result.batches else 0.0
+            self.loader_batch_s = per_batch or None
             self.loader_batches = _calibrated(self.plan.steps, per_batch, MAX_LOADER_BATCHES)
         return self.loader_batches
 
@@ -377,13 +408,18 @@ class Trials:
         found = []
         for knob in knobs:
             today = _model_today(self.trainer, knob)
+            variants = [v for v in MODEL_VARIANTS if v.knob == knob]
+            reasons = [v.why_not(self.trainer, self.module, self.batch) for v in variants]
+            if variants and all(r is not None for r in reasons):  # said without a trial
+                why = "; ".join(dict.fromkeys(r for r in reasons if r))
+                found.append(Measurement.skipped(knob, "model", today, NOT_APPLICABLE, why))
+                continue
             if not self._left():
                 found.append(self._over_budget(knob, "model", today))
                 continue
             if knob == "batch_size":
                 found.append(self._batch_size(today))
                 continue
-            variants = [v for v in MODEL_VARIANTS if v.knob == knob]
             found.append(self._model_knob(knob, today, variants))
         return found
 
@@ -393,6 +429,7 @@ class Trials:
             self.model_steps = self.plan.steps
             first = self._baseline()
             per_step = first.seconds / first.steps if first.steps else 0.0
+            self.model_step_s = per_step or None
             self.model_steps = _calibrated(self.plan.steps, per_step, MAX_MODEL_STEPS)
         return run_training_steps(
             self.trainer,

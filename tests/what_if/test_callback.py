@@ -26,7 +26,9 @@ from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
 from tests.what_if.planted import Stream, conv_model
 
-QUICK = {"steps": 2, "rounds": 1, "verbose": False}
+# A budget of its own: these fits are a few steps long, and by default the trials of a fit of
+# known length get 5% of it.
+QUICK = {"steps": 2, "rounds": 1, "verbose": False, "budget_s": 60}
 
 
 def _recorder(ns: Namespace) -> Any:
@@ -301,6 +303,20 @@ def test_the_table_reaches_the_loggers(ns: Namespace, tmp_path: Path) -> None:
     figures = what_if.doctor_figures()["what_if"]
     assert figures["columns"] == list(COLUMNS)
     assert len(figures["rows"]) == 2
+
+
+@each_namespace
+def test_a_short_fit_gets_a_short_budget_and_says_how_to_give_more(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # 3 steps of a few milliseconds: 5% of that is far less than one trial's 0.25 s.
+    what_if = WhatIf(knobs=["num_workers", "fused_optimizer"], steps=2, rounds=1, verbose=False)
+    _fit(ns, tmp_path, [what_if])
+    workers, fused = what_if.measurements
+    assert workers.gain is not None  # the first knob measures the fit's pace
+    assert fused.status == "not tried"
+    assert "5% of this fit's projected" in (fused.reason or "")
+    assert "WhatIf(budget_s=...)" in (fused.reason or "")
 
 
 @pytest.mark.parametrize(
