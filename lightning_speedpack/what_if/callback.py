@@ -213,6 +213,7 @@ class WhatIf(Callback):
         if stage != "fit":
             return
         self._done, self._findings = False, None
+        self.measurements, self.trial_seconds = [], None
         self._fit_samples, self._fit_start, self._fit_last = 0, None, None
         self.applied = Applied()
         if self._hook is None:  # first among the loader listeners: the X-ray sees our loader

@@ -280,10 +280,11 @@ class Trials:
         return best
 
     def _worker_memory(self, loader: DataLoader[Any]) -> lt.WorkerMemory | None:
+        before = lt.children()
         with lt.variant(loader, num_workers=1, persistent_workers=False) as side:
             iterator = iter(side)
             batch = next(iterator, None)
-            memory = lt.worker_memory(side, batch) if batch is not None else None
+            memory = lt.worker_memory(side, batch, before) if batch is not None else None
             del iterator
         return memory
 

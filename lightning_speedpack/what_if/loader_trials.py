@@ -34,6 +34,7 @@ __all__ = [
     "WorkerMemory",
     "batch_bytes",
     "cache_pair",
+    "children",
     "epoch_start_seconds",
     "fits_in_memory",
     "is_library_stream",
@@ -166,16 +167,26 @@ def batch_bytes(batch: Any) -> int:
     return sum(t.numel() * t.element_size() for t in leaves(batch, torch.Tensor))
 
 
-def worker_memory(side: DataLoader[Any], batch: Any) -> WorkerMemory | None:
+def children() -> set[int]:
+    """The process ids of this process's children now (to tell a new worker pool's apart)."""
+    import psutil
+
+    return {child.pid for child in psutil.Process().children()}
+
+
+def worker_memory(side: DataLoader[Any], batch: Any, before: set[int]) -> WorkerMemory | None:
     """Read the memory of ``side``'s live workers (call while its iterator is running).
 
-    Returns None when ``psutil`` cannot see any worker process.
+    ``before`` are the child processes that existed before the iterator started (another DDP
+    rank launched from this one, an earlier pool): they are not this loader's workers.
+    Returns None when ``psutil`` cannot see any new worker process.
     """
     import psutil
 
-    me = psutil.Process()
     sizes = []
-    for child in me.children():
+    for child in psutil.Process().children():
+        if child.pid in before:
+            continue
         try:
             info = child.memory_full_info()
             sizes.append(int(getattr(info, "uss", info.rss)))

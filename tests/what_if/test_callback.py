@@ -18,7 +18,9 @@ import torch
 
 from lightning_speedpack import WhatIf, WhatIfError
 from lightning_speedpack.core.tables import TABLES, csv_file_name
+from lightning_speedpack.data_xray.ceilings import cpu_count
 from lightning_speedpack.what_if import engine
+from lightning_speedpack.what_if import loader_trials as lt
 from lightning_speedpack.what_if.measure import NOT_APPLICABLE, Measurement
 from lightning_speedpack.what_if.report import COLUMNS
 from tests.helpers import global_state, namespaces
@@ -239,6 +241,24 @@ def test_a_library_stream_is_never_read_aside_from_the_fit(ns: Namespace, tmp_pa
     assert _LibraryStream.reads == 1  # the fit's own iterator, nobody else's
     assert all(m.status == NOT_APPLICABLE for m in what_if.measurements)
     assert "library stream" in (what_if.measurements[0].reason or "")
+
+
+@pytest.mark.skipif(cpu_count() < 2, reason="needs 2 cores: a grid of 1 and 2 workers")
+def test_a_worker_count_that_would_not_fit_in_memory_is_not_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A machine with 12 GiB free whose workers take 5 GiB each (mocked: this one has more).
+    def five_gib(side: Any, batch: Any, before: set[int]) -> lt.WorkerMemory:
+        return lt.WorkerMemory(5 * 2**30, 12 * 2**30, None, lt.batch_bytes(batch))
+
+    monkeypatch.setattr(lt, "worker_memory", five_gib)
+    what_if = WhatIf(knobs=["num_workers"], **QUICK)
+    _fit(namespaces.NAMESPACES[0], tmp_path, [what_if])
+    (workers,) = what_if.measurements
+    assert workers.candidate == "1"
+    assert workers.reason == (
+        "num_workers=2 not tried: 2 workers x 5.0 GiB measured each > 80% of the 12.0 GiB available"
+    )
 
 
 @each_namespace
