@@ -26,6 +26,7 @@ from lightning_speedpack.what_if.report import COLUMNS
 from tests.helpers import global_state, namespaces
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
+from tests.helpers.wandb_files import read_table
 from tests.what_if.planted import Stream, conv_model
 
 # A budget of its own: these fits are a few steps long, and by default the trials of a fit of
@@ -307,19 +308,36 @@ def test_spawned_workers_are_tried_too(tmp_path: Path) -> None:
 
 
 @each_namespace
-def test_the_table_reaches_the_loggers(ns: Namespace, tmp_path: Path) -> None:
+def test_the_table_reaches_wandb_and_csv(ns: Namespace, tmp_path: Path, wandb_offline: Any) -> None:
+    import wandb
+
     what_if = WhatIf(knobs=["num_workers", "fused_optimizer"], **QUICK)
-    logger = ns.sub("loggers").CSVLogger(tmp_path, name="run")
+    loggers = ns.sub("loggers")
+    csv_logger = loggers.CSVLogger(tmp_path, name="run")
+    wandb_logger = loggers.WandbLogger(offline=True, save_dir=str(wandb_offline.dir))
     trainer = ns.Trainer(
         callbacks=[what_if],
-        **quiet_trainer_kwargs(tmp_path, max_steps=2, limit_val_batches=0, logger=logger),
+        **quiet_trainer_kwargs(
+            tmp_path, max_steps=2, limit_val_batches=0, logger=[wandb_logger, csv_logger]
+        ),
     )
     trainer.fit(conv_model(ns.name)())
-    path = Path(logger.log_dir) / csv_file_name("speedpack/what_if")
+    wandb.finish()
+
+    run = wandb_offline.only_run()
+    table = read_table(run, "speedpack/what_if")
+    assert tuple(table["columns"]) == TABLES["speedpack/what_if"] == COLUMNS
+    assert [row[0] for row in table["data"]] == ["num_workers", "fused_optimizer"]
+    gains = {m.knob: round(m.gain, 3) for m in what_if.measurements if m.gain is not None}
+    assert gains  # what the summary carries was measured
+    for knob, gain in gains.items():
+        assert run.summary[f"speedpack/what_if/{knob}_gain"] == gain
+
+    path = Path(csv_logger.log_dir) / csv_file_name("speedpack/what_if")
     with path.open() as f:
-        table = list(csv.reader(f))
-    assert tuple(table[0]) == TABLES["speedpack/what_if"] == COLUMNS
-    assert [row[0] for row in table[1:]] == ["num_workers", "fused_optimizer"]
+        rows = list(csv.reader(f))
+    assert tuple(rows[0]) == COLUMNS
+    assert [row[0] for row in rows[1:]] == ["num_workers", "fused_optimizer"]
     figures = what_if.doctor_figures()["what_if"]
     assert figures["columns"] == list(COLUMNS)
     assert len(figures["rows"]) == 2
