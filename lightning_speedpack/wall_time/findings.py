@@ -259,6 +259,11 @@ def _epoch_starts(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[
     ]
 
 
+#: Callbacks whose time is trials run once per fit at its start, asked for by the user (the
+#: pack's measured remedies and batch-size tuner): reported as info, not as a slow callback.
+TRIAL_CALLBACKS = frozenset({"WhatIf", "BatchSizeTuner"})
+
+
 def _callbacks(ledger: WallTimeLedger) -> list[Finding]:
     total = ledger.total_s
     out = []
@@ -271,6 +276,21 @@ def _callbacks(ledger: WallTimeLedger) -> list[Finding]:
             key=lambda kv: -kv[1],
         )
         top = ", ".join(f"{hook} {v:.1f} s" for hook, v in hooks[:3])
+        if name in TRIAL_CALLBACKS:  # asked for: trials once per fit, not a per-step cost
+            out.append(
+                _finding(
+                    "callback-time",
+                    f"{name}'s trials took {share:.0%} of the wall time ({seconds:.1f} s, once "
+                    "per fit, before the first step)",
+                    share,
+                    seconds,
+                    f"bound them with {name}'s budget (`budget_s`, `max_val`), or drop it "
+                    "once its choice is in your code",
+                    severity="info",
+                    callback=name,
+                )
+            )
+            continue
         out.append(
             _finding(
                 "callback-time",

@@ -411,3 +411,21 @@ def test_under_ddp_every_rank_applies_rank_zeros_winners(tmp_path: Path) -> None
     assert [r["workers"] for r in ranks] == [2, 2]
     assert [r["sampler"] for r in ranks] == ["DistributedSampler"] * 2
     assert ranks[0]["applied"] == ranks[1]["applied"] == {"num_workers": 2}
+
+
+@each_namespace
+def test_the_ledger_charges_the_trials_to_whatif_as_a_one_time_cost(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    from lightning_speedpack import WallTimeLedger
+
+    what_if = WhatIf(knobs=["num_workers", "fused_optimizer"], **QUICK)
+    ledger = WallTimeLedger()
+    _fit(ns, tmp_path, [what_if, ledger])
+    assert what_if.trial_seconds is not None
+    charged = ledger.callback_seconds()["WhatIf"]
+    assert charged >= what_if.trial_seconds  # the trials, inside Lightning's data setup
+    assert ledger.seconds()["epoch_start"] < what_if.trial_seconds
+    (finding,) = [f for f in ledger.doctor_findings() if f.id == "callback-time"]
+    assert finding.severity == "info"
+    assert finding.message.startswith("WhatIf's trials took")
