@@ -49,10 +49,20 @@ def encode(settings: dict[str, Any]) -> list[float]:
     Example:
         >>> encode({"num_workers": 2, "persistent_workers": True})
         [3.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-        >>> decode(encode({"num_workers": 0, "channels_last": True}))
-        {'num_workers': 0, 'channels_last': True}
+        >>> decode(encode({"num_workers": 0, "channels_last": True, "tf32": True}))
+        {'num_workers': 0, 'channels_last': True, 'tf32': True}
     """
-    return [0.0 if k not in settings else float(int(settings[k])) + 1.0 for k in ENCODING]
+    return [0.0 if k not in settings else _number(k, settings[k]) + 1.0 for k in ENCODING]
+
+
+def _number(key: str, value: Any) -> float:
+    if key in ("num_workers", "prefetch_factor"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{key}` must be an int >= 0 to be applied, got {value!r}")
+        return float(value)
+    if not isinstance(value, bool):
+        raise ValueError(f"`{key}` must be a bool to be applied, got {value!r}")
+    return float(value)
 
 
 def decode(values: list[float]) -> dict[str, Any]:

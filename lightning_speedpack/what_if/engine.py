@@ -92,6 +92,7 @@ class Trials:
         self.batch: Any = None
         self.loader_batches: int | None = None  # batches per loader trial (calibrated)
         self.model_steps: int | None = None  # steps per model trial (calibrated)
+        self.cut_short = False  # a knob ran fewer rounds than planned (the budget ran out)
         self.loader_batch_s: float | None = None  # today's loader: seconds per batch
         self.model_step_s: float | None = None  # today's model: seconds per step
         self.settings: dict[str, Any] = {}  # the loader winners so far (for later loader knobs)
@@ -113,6 +114,11 @@ class Trials:
         if self.batch is None:
             self._draw_batch_main(self.loader)
         found = [*loader_side, *self._model_side()]
+        for m in found:
+            if m.status is None and 0 < len(m.gains) < self.plan.rounds:
+                m.extra["rounds"] = (
+                    f"{len(m.gains)} of {self.plan.rounds} rounds (the budget ran out)"
+                )
         order = {k: i for i, k in enumerate(self.plan.knobs)}
         return sorted(found, key=lambda m: order.get(m.knob, len(order)))
 
@@ -130,6 +136,14 @@ class Trials:
         if self.plan.fit_batches is None or per_batch <= 0:
             return None
         return self.plan.fit_batches * per_batch
+
+    def _rounds(self) -> Iterator[int]:
+        """Each round of the plan; fewer when the budget ran out (one at least)."""
+        for r in range(self.plan.rounds):
+            if r > 0 and not self._left():
+                self.cut_short = True
+                return
+            yield r
 
     def _left(self) -> bool:
         return time.perf_counter() - self.started < self.budget_s
@@ -209,7 +223,7 @@ class Trials:
         rates: list[list[float]] = [[] for _ in variants]
         n = len(variants)
         batches = self._loader_batches()
-        for r in range(self.plan.rounds):
+        for r in self._rounds():
             for i in [(r + j) % n for j in range(n)]:  # the order rotates every round
                 with lt.variant(self.loader, **variants[i]) as side:
                     value, batch = lt.rate(side, batches=batches)
@@ -331,7 +345,7 @@ class Trials:
         samples = len(loader) * (loader.batch_size or 1)
         starts: dict[bool, list[float]] = {False: [], True: []}
         batches = 2 * int(workers)
-        for r in range(self.plan.rounds):
+        for r in self._rounds():
             for persistent in (False, True) if r % 2 == 0 else (True, False):
                 settings = {**self.settings, "persistent_workers": persistent}
                 with lt.variant(loader, **settings) as side:
@@ -380,7 +394,7 @@ class Trials:
         m = Measurement("cache", "loader", today, "CachedDataset", "CachedDataset")
         key = f"speedpack-what-if-{os.getpid()}"
         with lt.cache_pair(loader, samples, key) as (plain, warm):
-            for r in range(self.plan.rounds):
+            for r in self._rounds():
                 pair = [(plain, m.before), (warm, m.after)]
                 for each, into in pair if r % 2 == 0 else pair[::-1]:
                     value, _ = lt.rate(each, batches=self._loader_batches())
@@ -476,12 +490,12 @@ class Trials:
         )
 
     def _model_variant(self, knob: str, today: str, v: ModelVariant) -> Measurement:
-        m = Measurement(knob, "model", today, v.candidate, v.candidate)
+        m = Measurement(knob, "model", today, v.candidate, v.value)
         m.extra["applied_by"] = v.applied_by
         diffs: list[float] = []
         first: float | None = None
         try:
-            for r in range(self.plan.rounds):
+            for r in self._rounds():
                 base = cand = None
                 for is_candidate in (False, True) if r % 2 == 0 else (True, False):
                     if is_candidate:
@@ -570,7 +584,7 @@ class Trials:
         for s in sizes:
             m = Measurement("batch_size", "model", today, str(s), s)
             m.extra["applied_by"] = f"BatchSizeTuner(mode='nearest') or batch_size={s}"
-            for r in range(self.plan.rounds):
+            for r in self._rounds():
                 order = (size, s) if r % 2 == 0 else (s, size)
                 rates = {}
                 for each in order:

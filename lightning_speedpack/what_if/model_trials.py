@@ -61,6 +61,7 @@ class ModelVariant:
         enter: ``enter(trainer, module)`` is a context manager yielding the :class:`Setup`.
         applied_by: how a user applies it (``"run"``: this callback can, at run time;
             otherwise the exact line to write).
+        value: the candidate as applied (a flag's ``True``; the precision's string).
     """
 
     knob: str
@@ -68,6 +69,7 @@ class ModelVariant:
     why_not: Callable[[Any, Any, Any], str | None]
     enter: Callable[[Any, Any], AbstractContextManager[Setup]]
     applied_by: str = "run"
+    value: Any = True
 
 
 def _device(trainer: pl.Trainer) -> torch.device:
@@ -278,6 +280,7 @@ MODEL_VARIANTS: tuple[ModelVariant, ...] = (
         _precision_why_not(torch.bfloat16, cuda_only=False),
         _autocast(torch.bfloat16),
         applied_by='Trainer(precision="bf16-mixed")',
+        value="bf16-mixed",
     ),
     ModelVariant(
         "precision",
@@ -285,6 +288,7 @@ MODEL_VARIANTS: tuple[ModelVariant, ...] = (
         _precision_why_not(torch.float16, cuda_only=True),
         _autocast(torch.float16),
         applied_by='Trainer(precision="16-mixed")',
+        value="16-mixed",
     ),
     ModelVariant(
         "compile",

@@ -36,6 +36,8 @@ def _note(m: Measurement) -> str:
     if "epoch_start_s" in extra:
         before, after = extra["epoch_start_s"]
         parts.append(f"epoch start {before:.2f} s -> {after:.2f} s")
+    if "rounds" in extra:
+        parts.append(extra["rounds"])
     if "with_num_workers" in extra:
         parts.append(f"with num_workers={extra['with_num_workers']}")
     if m.status is None and m.knob not in RUN_TIME and "applied_by" in extra:
