@@ -57,6 +57,10 @@ class WhatIfError(RuntimeError):
     """A trial could not run the user's own training step (the state was put back)."""
 
 
+class _OverBudget(Exception):
+    """The budget ran out before a knob's first round."""
+
+
 @dataclass(frozen=True)
 class TrialPlan:
     """What to try, and how long: the knobs, steps per trial, rounds, budget, numerics."""
@@ -138,9 +142,15 @@ class Trials:
         return self.plan.fit_batches * per_batch
 
     def _rounds(self) -> Iterator[int]:
-        """Each round of the plan; fewer when the budget ran out (one at least)."""
+        """Each round of the plan; fewer when the budget ran out.
+
+        Raises:
+            _OverBudget: before the first round (the calibration spent the budget).
+        """
         for r in range(self.plan.rounds):
-            if r > 0 and not self._left():
+            if not self._left():
+                if r == 0:
+                    raise _OverBudget
                 self.cut_short = True
                 return
             yield r
@@ -174,6 +184,7 @@ class Trials:
             ]
         self.settings = {name: getattr(loader, name) for name in lt.SETTINGS}
         self.today_settings = dict(self.settings)
+        self._loader_batches()  # today's pace first: the fit's projected length, the budget
         found = []
         for knob in knobs:
             today = _today(loader, knob)
@@ -183,7 +194,10 @@ class Trials:
             if not self._left():
                 found.append(self._over_budget(knob, "loader", today))
                 continue
-            found.append(getattr(self, f"_knob_{knob}")(loader, today))
+            try:
+                found.append(getattr(self, f"_knob_{knob}")(loader, today))
+            except _OverBudget:  # the fit's pace, measured first, left no time for the rounds
+                found.append(self._over_budget(knob, "loader", today))
         if self.batch is None:
             self._draw_batch_main(loader)
         return found
@@ -421,6 +435,20 @@ class Trials:
                 for k in knobs
             ]
         found = []
+        if any(k in knobs for k in ("batch_size", *(v.knob for v in MODEL_VARIANTS))):
+            try:
+                self._calibrate_model()  # the model's pace first (a failing step says so here)
+            except Exception as err:
+                if not is_oom_error(err):
+                    raise
+                free_memory()
+                why = "today's step ran out of memory in the trial"
+                return [
+                    Measurement.skipped(
+                        k, "model", _model_today(self.trainer, k), NOT_APPLICABLE, why
+                    )
+                    for k in knobs
+                ]
         for knob in knobs:
             today = _model_today(self.trainer, knob)
             variants = [v for v in MODEL_VARIANTS if v.knob == knob]
@@ -432,25 +460,33 @@ class Trials:
             if not self._left():
                 found.append(self._over_budget(knob, "model", today))
                 continue
-            if knob == "batch_size":
-                found.append(self._batch_size(today))
-                continue
-            found.append(self._model_knob(knob, today, variants))
+            try:
+                if knob == "batch_size":
+                    found.append(self._batch_size(today))
+                else:
+                    found.append(self._model_knob(knob, today, variants))
+            except _OverBudget:
+                found.append(self._over_budget(knob, "model", today))
         return found
+
+    def _calibrate_model(self) -> None:
+        """Once, on today's step: the model's pace, and how many steps time ``MIN_TRIAL_S``."""
+        if self.model_steps is not None:
+            return
+        self.model_steps = self.plan.steps
+        first = self._baseline()
+        per_step = first.seconds / first.steps if first.steps else 0.0
+        self.model_step_s = per_step or None
+        self.model_steps = _calibrated(self.plan.steps, per_step, MAX_MODEL_STEPS)
 
     def _steps(self, setup: Setup | None, batch: Any = None) -> StepTiming:
         setup = setup or Setup()
-        if self.model_steps is None:  # once, on today's step: how many steps time MIN_TRIAL_S
-            self.model_steps = self.plan.steps
-            first = self._baseline()
-            per_step = first.seconds / first.steps if first.steps else 0.0
-            self.model_step_s = per_step or None
-            self.model_steps = _calibrated(self.plan.steps, per_step, MAX_MODEL_STEPS)
+        self._calibrate_model()
         return run_training_steps(
             self.trainer,
             self.module,
             self.batch if batch is None else batch,
-            self.model_steps,
+            self.model_steps or self.plan.steps,
             optimizer=setup.optimizer,
             context=setup.context,
             prepare=setup.prepare,
@@ -524,7 +560,7 @@ class Trials:
                     diffs.append(d)
                 if first is None:
                     first = cand.first_seconds
-        except WhatIfError:
+        except (WhatIfError, _OverBudget):
             raise
         except Exception as err:  # the candidate does not work with this model: not applicable
             if is_oom_error(err):
