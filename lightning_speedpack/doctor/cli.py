@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
         "(WhatIf) and report the measured gains",
     )
     doctor.add_argument(
+        "--what-if-budget",
+        metavar="SECONDS",
+        type=float,
+        help="the seconds WhatIf's trials may take (implies --what-if; default 60, or 5%% of a "
+        "fit of known length when less)",
+    )
+    doctor.add_argument(
         "--only",
         metavar="NAMES",
         help="attach just these diagnostics, comma-separated (e.g. throughput,data)",
@@ -166,8 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     only = None if ns.only is None else [n.strip() for n in ns.only.split(",") if n.strip()]
     try:
-        with _trace_environment(ns.trace, ns.trace_dir):
-            flags = ["--what-if"] if ns.what_if else []
+        budget = ns.what_if_budget
+        if budget is not None and not (budget > 0 and budget != float("inf")):
+            print(
+                f"speedpack doctor: --what-if-budget must be > 0, got {budget:g}", file=sys.stderr
+            )
+            return 2
+        with _trace_environment(ns.trace, ns.trace_dir), _what_if_environment(budget):
+            flags = ["--what-if"] if ns.what_if or budget is not None else []
             result = run_script(ns.script, ns.args, deep=ns.deep, only=only, flags=flags)
     except (FileNotFoundError, ValueError) as err:
         print(f"speedpack doctor: {err}", file=sys.stderr)
@@ -178,6 +191,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.report.print()
     result.print_traceback()  # last, where a Python user looks for it
     return result.exit_code
+
+
+@contextmanager
+def _what_if_environment(budget: float | None) -> Iterator[None]:
+    """Hand ``--what-if-budget`` to the doctor's WhatIf (and every DDP rank) for the script."""
+    from lightning_speedpack.what_if.callback import BUDGET_ENV
+
+    saved = os.environ.get(BUDGET_ENV)
+    if budget is not None:
+        os.environ[BUDGET_ENV] = repr(budget)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(BUDGET_ENV, None)
+        else:
+            os.environ[BUDGET_ENV] = saved
 
 
 @contextmanager

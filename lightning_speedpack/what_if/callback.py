@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,7 @@ class WhatIf(Callback):
         self.applied = Applied()
         self.trial_seconds: float | None = None
         self._resumed: dict[str, Any] | None = None
+        self._loader_workers = 0  # the fit's loader's own workers (what the trials started from)
         self._hook: LoaderHook | None = None
         self._done = False
         self._fit_samples = 0
@@ -300,6 +302,7 @@ class WhatIf(Callback):
             settings = dict(self._resumed or {})
             self._apply(trainer, pl_module, settings, "resumed from the checkpoint")
             return
+        self._loader_workers = int(getattr(loader, "num_workers", 0) or 0)
         start = time.perf_counter()
         on_cpu = trainer.strategy.root_device.type != "cuda"
         knobs = (
@@ -351,6 +354,13 @@ class WhatIf(Callback):
         for m in self.measurements:
             if m.knob in wanted and m.verdict(self.min_gain, self.tolerance) == APPLY:
                 chosen[m.knob] = m.value
+        # Prefetching and persistent workers were measured with a number of workers: they win
+        # only with that number (a worker count not applied leaves them without their workers).
+        workers = chosen.get("num_workers", self._loader_workers)
+        for knob in ("prefetch_factor", "persistent_workers"):
+            found = next((x for x in self.measurements if x.knob == knob), None)
+            if knob in chosen and (found is None or found.extra.get("workers") != workers):
+                del chosen[knob]
         return chosen
 
     def _agree(self, trainer: pl.Trainer, chosen: dict[str, Any]) -> dict[str, Any]:
@@ -523,8 +533,13 @@ def _check_apply(apply: Any) -> bool | tuple[str, ...]:
     return names
 
 
+#: ``speedpack doctor --what-if-budget SECONDS``: the doctor's WhatIf budget (every rank reads it).
+BUDGET_ENV = "LIGHTNING_SPEEDPACK_WHAT_IF_BUDGET"
+
+
 def _doctor_factory(_ctx: Any) -> Callback:
-    return WhatIf(verbose=False)
+    budget = os.environ.get(BUDGET_ENV)
+    return WhatIf(verbose=False, budget_s=float(budget) if budget else None)
 
 
 register_diagnostic("what_if", WhatIf, factory=_doctor_factory, order=3, opt_in="--what-if")

@@ -224,12 +224,14 @@ class Trials:
     def _loader_batches(self) -> int:
         """Batches per loader trial: ``steps``, or more, so that a trial times ``MIN_TRIAL_S``."""
         if self.loader_batches is None:
+            # Two timed batches tell the pace: a slow loader's ten would spend the budget.
             with lt.variant(self.loader) as side:
-                result = loader_ceiling(side, batches=self.plan.steps)
+                result = loader_ceiling(side, batches=2)
             self.batch = result.batch
             per_batch = result.seconds / result.batches if result.batches else 0.0
             self.loader_batch_s = per_batch or None
-            self.loader_batches = _calibrated(self.plan.steps, per_batch, MAX_LOADER_BATCHES)
+            # A slow loader's batch is a long sample already: a few of them time MIN_TRIAL_S.
+            self.loader_batches = _calibrated(lt.MIN_TIMED_BATCHES, per_batch, MAX_LOADER_BATCHES)
         return self.loader_batches
 
     def _rates(self, variants: Sequence[dict[str, Any]]) -> list[list[float]]:
@@ -265,7 +267,11 @@ class Trials:
             best
             if best is not None
             else Measurement.skipped(
-                knob, "loader", today, NOT_TRIED, "the loader delivered no batch to time"
+                knob,
+                "loader",
+                today,
+                NOT_TRIED,
+                "too few batches to time after the warm-up (the workers' prefetch, plus one)",
             )
         )
 
@@ -330,6 +336,7 @@ class Trials:
             [(str(value), value, {**self.settings, "prefetch_factor": value})],
         )
         m.extra["with_num_workers"] = workers
+        m.extra["workers"] = workers
         return m
 
     def _knob_persistent_workers(self, loader: DataLoader[Any], today: str) -> Measurement:
@@ -378,6 +385,7 @@ class Trials:
             statistics_median(starts[True]),
         )
         m.extra["on_top"] = True
+        m.extra["workers"] = workers
         return m
 
     def _knob_pin_memory(self, loader: DataLoader[Any], today: str) -> Measurement:

@@ -111,9 +111,22 @@ def variant(loader: DataLoader[Any], **settings: Any) -> Iterator[DataLoader[Any
         close(side)
 
 
+#: Fewer timed batches than this after the warm-up is no rate: with workers, those batches were
+#: prefetched while the iterator started, and their "rate" is only the handover's.
+MIN_TIMED_BATCHES = 3
+
+
 def rate(loader: DataLoader[Any], batches: int) -> tuple[float | None, Any]:
-    """The loader ceiling of ``loader`` (samples/s) and the last batch it drew."""
-    result = loader_ceiling(loader, batches=batches)
+    """The loader ceiling of ``loader`` (samples/s) and the last batch it drew.
+
+    The warm-up is every batch the workers prefetch, plus one; a loader too short to time
+    :data:`MIN_TIMED_BATCHES` after it gives no rate (None), rather than the rate of batches
+    that were ready before the clock started.
+    """
+    warmup = loader.num_workers * (loader.prefetch_factor or 2) + 1 if loader.num_workers else 1
+    result = loader_ceiling(loader, batches=batches, warmup=warmup)
+    if result.batches < min(MIN_TIMED_BATCHES, batches):
+        return None, result.batch
     return result.samples_per_sec, result.batch
 
 

@@ -117,15 +117,17 @@ def _given(monkeypatch: pytest.MonkeyPatch, *found: Measurement) -> list[int]:
     return calls
 
 
-def _won(knob: str, value: Any, side: str = "loader") -> Measurement:
-    return Measurement(knob, side, "today", str(value), value, [100.0] * 3, [200.0] * 3)
+def _won(knob: str, value: Any, side: str = "loader", **extra: Any) -> Measurement:
+    m = Measurement(knob, side, "today", str(value), value, [100.0] * 3, [200.0] * 3)
+    m.extra.update(extra)
+    return m
 
 
 @each_namespace
 def test_apply_rebuilds_the_fits_loader_and_a_resume_keeps_it(
     ns: Namespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
-    _given(monkeypatch, _won("num_workers", 2), _won("persistent_workers", True))
+    _given(monkeypatch, _won("num_workers", 2), _won("persistent_workers", True, workers=2))
     what_if = WhatIf(apply=["num_workers", "persistent_workers"], **QUICK)
     ckpt = ns.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
     with caplog.at_level(logging.INFO):
@@ -170,6 +172,22 @@ def test_apply_rebuilds_the_fits_loader_and_a_resume_keeps_it(
     )
 
 
+def test_persistent_workers_measured_with_workers_not_applied_are_not_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # num_workers 0 -> 2 only "uncertain"; persistent_workers won with those 2 workers.
+    uncertain = _won("num_workers", 2)
+    uncertain.after = [200.0, 200.0, 101.0]
+    _given(monkeypatch, uncertain, _won("persistent_workers", True, workers=2))
+    what_if = WhatIf(apply=["num_workers", "persistent_workers"], **QUICK)
+    trainer, _ = _fit(namespaces.NAMESPACES[0], tmp_path, [what_if])
+    assert what_if.applied.settings == {}
+    assert (trainer.train_dataloader.num_workers, trainer.train_dataloader.persistent_workers) == (
+        0,
+        False,
+    )
+
+
 @each_namespace
 def test_channels_last_and_a_fused_optimizer_are_applied_for_the_fit_and_taken_back(
     ns: Namespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -208,7 +226,7 @@ def test_a_stream_that_ignores_its_workers_never_gets_more_of_them(
     assert cache.status == NOT_APPLICABLE
 
     sharding = WhatIf(knobs=["num_workers"], **QUICK)
-    _fit(ns, tmp_path / "shard", [sharding], stream=True, shards=True, n=64)
+    _fit(ns, tmp_path / "shard", [sharding], stream=True, shards=True, n=256)
     assert sharding.measurements[0].gain is not None
 
 
@@ -300,7 +318,7 @@ def test_a_training_step_that_raises_gives_a_clear_error_and_leaves_nothing_behi
 def test_spawned_workers_are_tried_too(tmp_path: Path) -> None:
     ns = namespaces.NAMESPACES[0]
     what_if = WhatIf(knobs=["num_workers"], **QUICK)
-    trainer, _ = _fit(ns, tmp_path, [what_if], workers=1, context="spawn", n=64)
+    trainer, _ = _fit(ns, tmp_path, [what_if], workers=1, context="spawn", n=256)
     (workers,) = what_if.measurements
     assert workers.today == "1"
     assert workers.gain is not None

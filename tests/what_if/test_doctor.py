@@ -11,6 +11,7 @@ import pytest
 from lightning_speedpack import WhatIf
 from lightning_speedpack.doctor.cli import main
 from lightning_speedpack.doctor.runner import FLAGS_ENV, DoctorSession
+from lightning_speedpack.what_if.callback import BUDGET_ENV
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
 
@@ -45,16 +46,18 @@ def test_doctor_what_if_reports_the_table_in_the_json_and_the_print(
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "report.json"
-    assert main(["doctor", "--what-if", "--json", str(out), str(script)]) == 0
+    assert main(["doctor", "--what-if-budget", "30", "--json", str(out), str(script)]) == 0
     report = json.loads(out.read_text())
     (run,) = report["runs"]
     table = run["figures"]["what_if"]
     rows = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["rows"]}
     assert {"num_workers", "cache", "fused_optimizer", "precision", "compile"} <= set(rows)
     assert rows["compile"]["verdict"] == "not tried"  # named only on a CPU
+    assert rows["num_workers"]["gain"] is not None  # 30 s, not 5% of this 4-step fit
     assert rows["channels_last"]["verdict"] == "not applicable"  # BoringModel has no conv
     assert table["applied"] == {}
     assert FLAGS_ENV not in os.environ
+    assert BUDGET_ENV not in os.environ
     printed = capsys.readouterr().err
     assert "Run 0: what if" in printed
     assert "fused_optimizer" in printed
