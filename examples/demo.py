@@ -1,8 +1,13 @@
 """``make demo``: the doctor on a slow training script and on the same job fixed with the pack.
 
-Runs ``speedpack doctor`` on ``slow_training.py`` and then on ``fast_training.py`` (same model,
-same JPEG files, same epochs), each in its own process, and prints:
+Runs ``speedpack doctor --what-if`` on ``slow_training.py`` and then on ``fast_training.py``
+(same model, same JPEG files, same epochs), each in its own process, and prints:
 
+* the what-if table of the slow script: each remedy :class:`~lightning_speedpack.WhatIf` tried
+  on its model and data before the first step, today's setting, the candidate, samples/s
+  before -> after, the gain with its spread over the rounds, and the verdict;
+* the worker settings ``fast_training.py``'s own ``WhatIf(apply=[...])`` measured and applied
+  for its fit (``--what-if`` reuses that instance: it only adds its results to the report);
 * the doctor's findings for the slow script, each with where it is and the fix;
 * ``speedpack compare`` on the two reports: a side-by-side table (wall time, samples/s, data
   wait, syncs per step, retained graphs, batch size, peak RSS, each with its ratio to the slow
@@ -21,10 +26,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
@@ -32,8 +39,14 @@ HERE = Path(__file__).resolve().parent
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
-def run_doctor(script: str, out: Path, data_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Run ``speedpack doctor`` on one example; return its JSON report."""
+def run_doctor(
+    script: str,
+    out: Path,
+    data_dir: Path,
+    args: argparse.Namespace,
+    flags: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Run ``speedpack doctor [flags]`` on one example; return its JSON report."""
     report = out / f"{Path(script).stem}.json"
     log = out / f"{Path(script).stem}.log"
     cmd = [
@@ -41,6 +54,7 @@ def run_doctor(script: str, out: Path, data_dir: Path, args: argparse.Namespace)
         "-m",
         "lightning_speedpack",
         "doctor",
+        *flags,
         "--json",
         str(report),
         str(HERE / script),
@@ -54,7 +68,8 @@ def run_doctor(script: str, out: Path, data_dir: Path, args: argparse.Namespace)
         str(out / Path(script).stem),
         "--wandb",
     ]
-    console.print(f"[bold]$ speedpack doctor examples/{script} ...[/] (log: {log})")
+    shown = " ".join([*flags, f"examples/{script}"])
+    console.print(f"[bold]$ speedpack doctor {shown} ...[/] (log: {log})")
     start = time.perf_counter()
     with log.open("w") as fh:
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_env(out))
@@ -89,6 +104,77 @@ def print_findings(report: dict[str, Any]) -> None:
             f.get("fix") or "",
         )
     console.print(table)
+
+
+#: The colour of each what-if verdict; other verdicts ("not applicable", "not tried") are dim.
+VERDICT_STYLES = {
+    "apply": "bold green",
+    "uncertain": "yellow",
+    "no gain here": "default",
+    "changes the numerics": "red",
+}
+
+
+def print_what_if(report: dict[str, Any], script: str) -> None:
+    """The what-if table of the run's last fit: each remedy tried, before -> after, the verdict."""
+    figure = next(
+        (r["figures"]["what_if"] for r in reversed(report["runs"]) if "what_if" in r["figures"]),
+        None,
+    )
+    if figure is None:
+        console.print(f"No what-if table in the report of {script} (no fit reached its trials).")
+        return
+    seconds = figure.get("trial_seconds")
+    table = Table(
+        title=f"What if: each remedy tried on {script}'s own model and data",
+        caption=None if seconds is None else f"trials: {seconds:.1f} s before the first step",
+    )
+    table.add_column("knob", no_wrap=True)
+    table.add_column("today", overflow="fold")
+    table.add_column("candidate", overflow="fold")
+    table.add_column("before -> after samples/s", justify="right", no_wrap=True)
+    table.add_column("gain (spread)", justify="right", no_wrap=True)
+    table.add_column("verdict", ratio=1)
+    for row in figure["rows"]:
+        r = dict(zip(figure["columns"], row, strict=True))
+        ceilings = "-"
+        if r["before"] is not None and r["after"] is not None:
+            ceilings = f"{r['before']:,.0f} -> {r['after']:,.0f}"
+        gain = "-"
+        if r["gain"] is not None:
+            gain = f"{r['gain']:.2f}x"
+            if r["gain_low"] is not None and r["gain_high"] is not None:
+                gain += f" ({r['gain_low']:.2f}-{r['gain_high']:.2f})"
+        verdict = f"[{VERDICT_STYLES.get(r['verdict'], 'dim')}]{r['verdict']}[/]"
+        notes = [r["note"]] if r["note"] else []
+        if r["numerics"] is not None and r["verdict"] != "apply":
+            notes.insert(0, f"loss moved {r['numerics']:.2g}")
+        if notes:
+            verdict += f"\n[dim]{escape('; '.join(notes))}[/]"
+        today, candidate = escape(str(r["today"])), escape(str(r["candidate"] or "-"))
+        table.add_row(r["knob"], today, candidate, ceilings, gain, verdict)
+    console.print(table)
+
+
+def print_applied(report: dict[str, Any], script: str) -> None:
+    """What the script's own ``WhatIf(apply=[...])`` applied for its fit, and what it did not."""
+    figure = next(
+        (r["figures"]["what_if"] for r in reversed(report["runs"]) if "what_if" in r["figures"]),
+        None,
+    )
+    if figure is None:
+        console.print(f"{script}: no what-if results in its report.")
+        return
+    applied = figure["applied"]
+    if applied:
+        settings = ", ".join(f"{knob}={value}" for knob, value in applied.items())
+        console.print(f"[bold]{script}[/]: WhatIf applied {settings} for the fit (measured)")
+    for row in figure["rows"]:
+        r = dict(zip(figure["columns"], row, strict=True))
+        if r["knob"] in applied:
+            continue
+        why = f"{r['verdict']}: {r['note']}" if r["note"] else r["verdict"]
+        console.print(f"[bold]{script}[/]: {r['knob']} left at {r['today']} ({escape(why)})")
 
 
 def print_wandb_runs(out: Path, since: float) -> None:
@@ -139,8 +225,11 @@ def main() -> None:
         f"Writing {args.images} synthetic JPEGs to {data_dir} (once, shared by both runs)"
     )
     write_jpegs(data_dir, args.images)
-    slow = run_doctor("slow_training.py", out, data_dir, args)
-    run_doctor("fast_training.py", out, data_dir, args)
+    # 30 s of trials: by default a fit of known length gives them 5% of it (7 s here).
+    slow = run_doctor("slow_training.py", out, data_dir, args, flags=["--what-if-budget", "30"])
+    fast = run_doctor("fast_training.py", out, data_dir, args, flags=["--what-if"])
+    print_what_if(slow, "slow_training.py")
+    print_applied(fast, "fast_training.py")
     print_findings(slow)
     speedup = compare_runs(out)
     print_wandb_runs(out, started)

@@ -2,7 +2,10 @@
 
 * :class:`~lightning_speedpack.CachedDataset` decodes each JPEG once into shared memory; the
   random flip still runs on every access, after the cache;
-* two persistent DataLoader workers, so the loop never waits for the next batch;
+* no hand-set DataLoader workers: :class:`~lightning_speedpack.WhatIf` measures
+  ``num_workers`` and ``persistent_workers`` on this model, data and machine before the first
+  step and applies the winners for the fit; a setting that did not gain in every round stays
+  as it is, and the printed table says why;
 * batch size 128, a multiple of 8;
 * the loss is logged as a tensor (``self.log`` reduces it without a sync), nothing is kept;
 * :class:`~lightning_speedpack.ThroughputLogger` reports samples/s and data wait.
@@ -30,7 +33,7 @@ from jpeg_common import (
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
-from lightning_speedpack import CachedDataset, ThroughputLogger
+from lightning_speedpack import CachedDataset, ThroughputLogger, WhatIf
 
 
 def random_flip(sample: tuple[torch.Tensor, int]) -> tuple[torch.Tensor, int]:
@@ -63,14 +66,16 @@ def main() -> None:
         write_jpegs(data_dir, args.images)
         dataset = CachedDataset(JpegDataset(data_dir), transform=random_flip, key="demo-jpegs-32")
         loader = DataLoader(
-            dataset,
-            batch_size=128,
-            shuffle=True,
-            num_workers=2,
-            persistent_workers=True,
-            pin_memory=torch.cuda.is_available(),
+            dataset, batch_size=128, shuffle=True, pin_memory=torch.cuda.is_available()
         )
-        trainer = demo_trainer(args, "fast", callbacks=[ThroughputLogger()])
+        # No hand-set workers: WhatIf measures the worker settings on this model, data and
+        # machine before the first step and applies the winners for the fit (one printed line
+        # each), by rebuilding the fit's DataLoader with them. Only these two knobs are tried,
+        # for at most 30 s: the trials run inside the fit, and the default budget (5% of a fit
+        # this short) would not fit a single worker trial.
+        workers = ["num_workers", "persistent_workers"]
+        what_if = WhatIf(knobs=workers, apply=workers, budget_s=30.0)
+        trainer = demo_trainer(args, "fast", callbacks=[what_if, ThroughputLogger()])
         trainer.fit(FastClassifier(), loader)
         print(f"cache: {dataset.cache_info()}")
         finish_wandb(trainer)
