@@ -196,6 +196,7 @@ class WhatIf(Callback):
         self.trial_seconds: float | None = None
         self._resumed: dict[str, Any] | None = None
         self._loader_workers = 0  # the fit's loader's own workers (what the trials started from)
+        self._paces: tuple[float | None, float | None] = (None, None)  # today's, first pass
         self._hook: LoaderHook | None = None
         self._done = False
         self._fit_samples = 0
@@ -216,6 +217,7 @@ class WhatIf(Callback):
             return
         self._done, self._findings = False, None
         self.measurements, self.trial_seconds = [], None
+        self._paces = (None, None)
         self._fit_samples, self._fit_start, self._fit_last = 0, None, None
         self.applied = Applied()
         if self._hook is None:  # first among the loader listeners: the X-ray sees our loader
@@ -318,7 +320,9 @@ class WhatIf(Callback):
             fit_batches=None if self.budget_s is not None else fit_batches(trainer, loader),
             fit_share=BUDGET_SHARE,
         )
-        self.measurements = Trials(trainer, pl_module, loader, plan).run()
+        trials = Trials(trainer, pl_module, loader, plan)
+        self.measurements = trials.run()
+        self._paces = trials.paces
         if knobs != self.knobs:
             self.measurements.append(
                 Measurement.skipped(
@@ -410,7 +414,9 @@ class WhatIf(Callback):
 
     def projection(self) -> Projection:
         """End-to-end samples/s today and with the winners, beside the fit's measured rate."""
-        return project(self.measurements, self.min_gain, self.tolerance, self._fit_rate())
+        return project(
+            self.measurements, self.min_gain, self.tolerance, self._fit_rate(), self._paces
+        )
 
     def _fit_rate(self) -> float | None:
         if self._fit_start is None or self._fit_last is None:

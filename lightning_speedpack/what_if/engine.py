@@ -134,6 +134,16 @@ class Trials:
             return self.plan.budget_s
         return min(self.plan.budget_s, self.plan.fit_share * fit)
 
+    @property
+    def paces(self) -> tuple[float | None, float | None]:
+        """Today's loader and model samples/s from their first passes (None: not measured)."""
+        samples = self.batch_samples() if self.batch is not None else None
+        if not samples:
+            return None, None
+        loader = samples / self.loader_batch_s if self.loader_batch_s else None
+        model = samples / self.model_step_s if self.model_step_s else None
+        return loader, model
+
     def fit_seconds(self) -> float | None:
         """The fit's length projected from its batches and the slower measured ceiling."""
         per_batch = max(self.loader_batch_s or 0.0, self.model_step_s or 0.0)

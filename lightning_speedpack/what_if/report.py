@@ -170,9 +170,16 @@ def _min(a: float | None, b: float | None) -> float | None:
 
 
 def project(
-    found: Sequence[Measurement], min_gain: float, tolerance: float, fit: float | None = None
+    found: Sequence[Measurement],
+    min_gain: float,
+    tolerance: float,
+    fit: float | None = None,
+    paces: tuple[float | None, float | None] = (None, None),
 ) -> Projection:
     """Both ceilings today (the baselines) and with every ``apply`` winner (gains multiplied).
+
+    ``paces`` are today's loader and model samples/s from the first pass of each (the trials'
+    calibration): the ceilings when no knob of that side measured its own baseline.
 
     Example:
         >>> w = Measurement("num_workers", "loader", "0", "2", 2, [100.0] * 3, [190.0] * 3)
@@ -186,8 +193,8 @@ def project(
     ]
     model = [m for m in found if m.side == "model" and m.ceiling_before and m.knob != "batch_size"]
     # Each knob measured its own baseline; the median of them is the least disturbed figure.
-    loader_today = _median([m.ceiling_before for m in loader])
-    model_today = _median([m.ceiling_before for m in model])
+    loader_today = _median([m.ceiling_before for m in loader]) or paces[0]
+    model_today = _median([m.ceiling_before for m in model]) or paces[1]
     loader_after, model_after = loader_today, model_today
     for m in found:
         if m.verdict(min_gain, tolerance) != APPLY or m.gain is None:
