@@ -326,7 +326,7 @@ def apply(repeats: int, batches: int) -> None:
                 "-",
             ],
             [
-                "knob: verdict (fits), default budget",
+                "knob: verdict (fits), budget_s=60",
                 "; ".join(f"{k} ({n})" for k, n in measured.items()),
                 "-",
                 "-",
