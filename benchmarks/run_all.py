@@ -1,7 +1,8 @@
 """``make bench``: run every benchmark script at full size, one after another.
 
 Each script prints its own markdown tables of ratios; BENCHMARKS.md records the latest.
-``--quick`` runs each script's small version instead (about 2 minutes in all).
+``--quick`` runs each script's small version instead (what_if.py's alone took 3.5 minutes
+on a loaded 2-core machine).
 ``--beside DIR`` runs each script of another checkout (``DIR``, e.g. a ``git worktree`` of an
 older commit) just before the same script of this one, with ``DIR`` first on ``PYTHONPATH``:
 before and after, side by side, for what a change did to every figure. ``--skip a,b`` leaves
