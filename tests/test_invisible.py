@@ -34,10 +34,12 @@ Each run keeps its ``ids.json`` (under DDP also each rank's ``ids.rank<r>.json``
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -133,8 +135,12 @@ _DATA: dict[str, Path] = {}
 def _env(stack: Stack, run: Path) -> dict[str, str]:
     """The job's environment: offline, its temporary files in ``run``, the stub if needed."""
     env = dict(os.environ)
-    tmp = run / "tmp"  # litdata's and MosaicML's temporary files and locks: one job's own
-    tmp.mkdir(parents=True, exist_ok=True)
+    # litdata's and MosaicML's temporary files and locks: one job's own. Short: Python's
+    # multiprocessing binds Unix sockets under TMPDIR (a spawned worker sharing a tensor's file
+    # descriptor does), and a socket path over 108 bytes fails in the worker's feeder thread,
+    # leaving the fit waiting for a batch that never comes (seen with pytest's deep tmp_path).
+    tmp = Path(tempfile.mkdtemp(prefix="sp-inv-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     env.update(
         WANDB_MODE="offline",
         WANDB_SILENT="true",
