@@ -41,8 +41,14 @@ def check_batch_size_multiple(
             fix=f"batch_size={_nearest_multiples(batch_size, multiple_of)}, or let "
             "lightning_speedpack.BatchSizeTuner pick the largest multiple that fits",
             figures={"batch_size": batch_size},
+            pays_on=_pays_on(device),
         )
     ]
+
+
+def _pays_on(device: DeviceInfo) -> str | None:
+    # Tensor-core multiples pay on a CUDA GPU only: on a CPU run the advice is for later.
+    return None if device.type == "cuda" else "GPU"
 
 
 def _nearest_multiples(value: int, multiple_of: int) -> str:
@@ -63,26 +69,37 @@ def check_layer_dims(
     for dim in find_unaligned_dims(module, multiple_of):
         if dim.value >= multiple_of:
             by_module.setdefault(dim.module, []).append(dim)
-    findings = []
-    for name, dims in by_module.items():
-        vocab = any(d.vocab for d in dims)
-        what = "the output vocabulary" if vocab else "layer dimensions"
-        evidence = ", ".join(f"{d.param}={d.value}" for d in dims)
-        fix = ", ".join(f"{d.param}={d.suggested}" for d in dims)
-        findings.append(
-            AdvisorFinding(
-                "layer-dims-multiple",
-                "warning" if device.has_tensor_cores else "info",
-                f"{what} of {name or 'the model'} ({dims[0].layer}) not a multiple of "
-                f"{multiple_of}, so fp16/bf16 tensor cores are not used fully",
-                f"{name or '<root>'}: {evidence}",
-                location=name or "<root>",
-                fix=f"pad to {fix}"
-                + (" (extra vocabulary rows are never predicted)" if vocab else ""),
-                figures={d.param: d.value for d in dims},
-            )
-        )
-    return findings
+    return [
+        _layer_dims_finding(name, dims, device, multiple_of) for name, dims in by_module.items()
+    ]
+
+
+def _layer_dims_finding(
+    name: str, dims: list[Any], device: DeviceInfo, multiple_of: int
+) -> AdvisorFinding:
+    # The message names no layer (the evidence and location do), so the report can fold the
+    # same advice over many layers into one finding ("6 MultiheadAttention layers: head_dim=100").
+    where = name or "<root>"
+    vocab_only = all(d.vocab for d in dims) and len({d.suggested for d in dims}) == 1
+    if vocab_only:
+        message = f"the output vocabulary is not a multiple of {multiple_of}"
+        fix = f"pad the vocabulary to {dims[0].suggested} (extra rows are never predicted)"
+    else:
+        what = "the output vocabulary" if any(d.vocab for d in dims) else "layer dimensions"
+        message = f"{what} ({dims[0].layer}) not a multiple of {multiple_of}"
+        fix = "pad to " + ", ".join(f"{d.param}={d.suggested}" for d in dims)
+        if any(d.vocab for d in dims):
+            fix += " (extra vocabulary rows are never predicted)"
+    return AdvisorFinding(
+        "layer-dims-multiple",
+        "warning" if device.has_tensor_cores else "info",
+        f"{message}, so fp16/bf16 tensor cores are not used fully",
+        f"{where}: " + ", ".join(f"{d.param}={d.value}" for d in dims),
+        location=where,
+        fix=fix,
+        figures={"layer": dims[0].layer, **{d.param: d.value for d in dims}},
+        pays_on=_pays_on(device),
+    )
 
 
 def check_conv_bias_before_bn(module: nn.Module) -> list[AdvisorFinding]:

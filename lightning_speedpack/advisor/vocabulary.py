@@ -60,6 +60,8 @@ class AdvisorFinding:
         location: where: a module name (``"net.0"``), a dataloader (``"train_dataloader"``) or a
             setting (``"Trainer(precision)"``); None when the finding is about the whole run.
         figures: the measured numbers behind the finding, JSON-able.
+        pays_on: ``"GPU"`` for advice found on a run off CUDA that only speeds up a CUDA GPU
+            (tensor-core multiples); the doctor's report labels it "on GPU" and lists it last.
 
     Example:
         >>> f = AdvisorFinding("pin-memory", "warning", "pinned memory is off", "pin_memory=False",
@@ -75,6 +77,7 @@ class AdvisorFinding:
     fix: str
     location: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
+    pays_on: str | None = None
 
     def to_finding(self) -> Finding:
         """Return this finding as the doctor's :class:`~lightning_speedpack.doctor.report.Finding`.
@@ -90,6 +93,7 @@ class AdvisorFinding:
             figures={**self.figures, "evidence": self.evidence},
             severity=self.severity,
             fix=self.fix,
+            pays_on=self.pays_on,
         )
 
 

@@ -28,6 +28,10 @@ class Finding:
     figures: dict[str, Any] = field(default_factory=dict)
     severity: Severity = "warning"
     fix: str | None = None
+    #: where the fix pays: None (on this run's hardware) or ``"GPU"`` for advice that only
+    #: speeds up a CUDA GPU (tensor-core multiples, host-device syncs) found on a CPU-only run;
+    #: the report labels it "on GPU" and lists it after what pays here.
+    pays_on: str | None = None
 
     def __repr__(self) -> str:
         return f"Finding(component={self.component!r}, id={self.id!r}, ...)"
