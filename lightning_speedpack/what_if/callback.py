@@ -80,7 +80,11 @@ class WhatIf(Callback):
     Every state a trial touches is put back: parameters and buffers bit-identical, gradients,
     modes, optimizer and scheduler states, the torch, numpy and Python RNG states (the fit
     draws the same first batch as without ``WhatIf``); ``self.log`` is silent meanwhile. The
-    user's ``training_step`` runs in the trials: what else it touches, it touches.
+    user's ``training_step`` runs in the trials, and the loader trials read the user's dataset
+    aside from the fit: what else they touch, they touch. A ``__getitem__`` with side effects
+    sees those reads, and a :class:`~lightning_speedpack.CachedDataset` is partly filled by
+    them, so the fit's first epoch can be faster than it would have been (the samples, their
+    order and their count are unchanged).
 
     Verdicts: ``apply`` (every round gained at least ``min_gain``, numerics within
     tolerance), ``uncertain`` (the median did, not every round), ``no gain here``,
