@@ -79,7 +79,9 @@ class RunRecorder(Callback):
     """Measures one fit's wall time and the samples it trained on (summed over ranks).
 
     Also records ``peak_rss_mb``: the peak resident memory of this (rank 0's main) process so
-    far, from ``getrusage``; DataLoader workers are separate processes and not included.
+    far, from ``getrusage``; DataLoader workers are separate processes and not included; and
+    what the run trained on: ``world_size`` (DDP ranks; ``samples`` sums them) and ``device``
+    (the root device's type, ``"cpu"`` or ``"cuda"``).
 
     The doctor appends it after every diagnostic, so it is the last table source on the
     Trainer: at the end of fit it logs (rank 0, through the script's own loggers) the
@@ -129,7 +131,12 @@ class RunRecorder(Callback):
                 wall_s=wall,
                 samples=samples,
                 samples_per_sec=samples / wall,
-                figures={"peak_rss_mb": round(peak_rss_mb, 1)},
+                figures={
+                    "peak_rss_mb": round(peak_rss_mb, 1),
+                    # what the figures were measured on: one page per run, ranks combined
+                    "world_size": trainer.world_size,
+                    "device": trainer.strategy.root_device.type,
+                },
             )
         )
         log_fit_end(trainer, self)

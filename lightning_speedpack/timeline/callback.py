@@ -76,7 +76,8 @@ class StepTimeline(Callback):
        ``nvtx="auto"`` on a machine with CUDA, an NVTX range of the same name, so
        ``nsys profile -t cuda,nvtx python train.py`` shows the phases with no edit to the script.
     2. **Live breakdown**: host-side durations (``time.perf_counter``, never a device sync)
-       averaged per batch over the batches since the last log, logged as below. On a GPU these
+       averaged per batch over the batches since the last log, logged as below and kept per
+       window in :attr:`phase_ms_over_steps` (the doctor's series). On a GPU these
        are *host* times: the CPU runs ahead of the GPU, so a phase's kernels may finish during a
        later phase, and a phase that waits for the device (a sync, a full queue) absorbs that
        wait. Over a window their sum is the real step time. A copy from pinned memory returns
@@ -197,6 +198,8 @@ class StepTimeline(Callback):
         self._clock = PhaseClock()
         self._last_logged_step = -1
         self.last_metrics: dict[str, float] = {}
+        #: [step, {phase: mean ms per batch}] per logging window (the doctor's series)
+        self.phase_ms_over_steps: list[list[Any]] = []
         self.trace_path: Path | None = None
         self.top_ops: list[TopOp] = []
         # runtime-only: never pickled
@@ -252,6 +255,7 @@ class StepTimeline(Callback):
         self._clock.reset()
         self._last_logged_step = -1
         self.last_metrics = {}
+        self.phase_ms_over_steps = []
         self.trace_path = None
         self.top_ops = []
         self._copy.reset()
@@ -390,8 +394,10 @@ class StepTimeline(Callback):
     # ---- doctor ----------------------------------------------------------------------------
 
     def doctor_figures(self) -> dict[str, Any]:
-        """``phase_share`` and ``phase_ms`` (per phase), and the copy's ``h2d_*`` when measured."""
-        return report.doctor_figures(self._clock.run, self.measured_transfer())
+        """``phase_share``, ``phase_ms``, ``phase_ms_over_steps`` and the copy's ``h2d_*``."""
+        return report.doctor_figures(
+            self._clock.run, self.measured_transfer(), self.phase_ms_over_steps
+        )
 
     def doctor_findings(self) -> list[Finding]:
         """The share of a training batch each phase takes, and the trace file (both info)."""
@@ -477,6 +483,9 @@ class StepTimeline(Callback):
     def _log(self, trainer: pl.Trainer) -> None:
         self._last_logged_step = trainer.global_step
         means = self._clock.take_window()
+        self.phase_ms_over_steps.append(
+            [trainer.global_step, {name: round(value, 3) for name, value in means.items()}]
+        )
         if not trainer.is_global_zero:
             return
         metrics = {f"{_PREFIX}{name}_ms": value for name, value in means.items()}

@@ -8,6 +8,7 @@ operators and uploaded to W&B as a ``profile`` artifact. Nothing here measures a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,14 +23,23 @@ if TYPE_CHECKING:
 __all__ = ["doctor_figures", "doctor_findings", "log_wandb_artifact", "print_top_ops"]
 
 
-def doctor_figures(run: PhaseTotals, copy: BatchTransfer | None) -> dict[str, Any]:
-    """``phase_share`` and ``phase_ms`` (per phase), and the copy's ``h2d_*`` when measured.
+def doctor_figures(
+    run: PhaseTotals,
+    copy: BatchTransfer | None,
+    over_steps: Sequence[Sequence[Any]] = (),
+) -> dict[str, Any]:
+    """``phase_share``, ``phase_ms`` and ``phase_ms_over_steps``; the copy's ``h2d_*`` if measured.
+
+    ``phase_ms_over_steps`` is ``over_steps`` as lists: one ``[step, {phase: mean ms per
+    batch}]`` per logging window, in the order logged (left out when no window was logged).
 
     Example:
         >>> run = PhaseTotals()
         >>> run.add({"data_wait": 0.001, "training_step": 0.003})
         >>> doctor_figures(run, None)["phase_share"]["training_step"]
         0.75
+        >>> doctor_figures(run, None, [[5, {"data_wait": 1.0}]])["phase_ms_over_steps"]
+        [[5, {'data_wait': 1.0}]]
     """
     if not run.batches:
         return {}
@@ -37,6 +47,8 @@ def doctor_figures(run: PhaseTotals, copy: BatchTransfer | None) -> dict[str, An
         "phase_share": {k: round(v, 4) for k, v in shares(run.seconds).items()},
         "phase_ms": {k: round(v, 3) for k, v in run.mean_ms().items()},
     }
+    if over_steps:
+        figures["phase_ms_over_steps"] = [[step, dict(ms)] for step, ms in over_steps]
     if copy is not None and copy.bytes_per_batch is not None:
         figures["h2d_bytes_per_batch"] = copy.bytes_per_batch
         figures["h2d_pinned"] = int(copy.pinned)

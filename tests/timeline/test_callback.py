@@ -179,6 +179,19 @@ def test_logged_phases_add_up_to_the_step_time(tmp_path: Path) -> None:
         assert phases["training_step"] >= 20.0  # the 20 ms sleep is the forward's
         assert phases["data_wait"] >= 8.0  # two samples of 4 ms each
     assert sum(timeline.phase_shares().values()) == pytest.approx(1.0)
+    # the doctor's series: the same windows, the same means, in the order logged
+    series = timeline.doctor_figures()["phase_ms_over_steps"]
+    assert [step for step, _ in series] == sorted(rows) == [4, 8, 12]
+    for step, means in series:
+        assert set(means) == set(PHASES)
+        for phase, value in means.items():
+            assert value == pytest.approx(
+                float(rows[step][f"throughput/phase/{phase}_ms"]), abs=1e-3
+            )
+    # a new fit starts a new series
+    again = Trainer(callbacks=[timeline], **quiet_trainer_kwargs(tmp_path / "again", max_steps=4))
+    again.fit(_SlowStep())
+    assert [step for step, _ in timeline.phase_ms_over_steps] == [4]
 
 
 # ---- NVTX through an injected table ---------------------------------------------------------

@@ -33,6 +33,12 @@ def test_figures_per_phase_and_of_the_copy() -> None:
     assert figures["phase_ms"]["training_step"] == 6.0
     assert (figures["h2d_bytes_per_batch"], figures["h2d_pinned"]) == (128, 1)
     assert figures["h2d_gb_per_sec"] == 1.235
+    assert "phase_ms_over_steps" not in figures  # no window logged
+    windows = [(2, {"data_wait": 1.0}), (4, {"data_wait": 3.0})]
+    assert doctor_figures(_run(), None, windows)["phase_ms_over_steps"] == [
+        [2, {"data_wait": 1.0}],
+        [4, {"data_wait": 3.0}],
+    ]
     unmeasured = doctor_figures(_run(), BatchTransfer(0.0, 8.0, 2))
     assert not {"h2d_bytes_per_batch", "h2d_pinned", "h2d_gb_per_sec"} & set(unmeasured)
 
