@@ -12,6 +12,8 @@ Runs ``speedpack doctor --what-if`` on ``slow_training.py`` and then on ``fast_t
 * ``speedpack compare`` on the two reports: a side-by-side table (wall time, samples/s, data
   wait, syncs per step, retained graphs, batch size, peak RSS, each with its ratio to the slow
   run), the findings the fix made disappear, and a PNG chart of samples/s over steps;
+* the HTML pages (``speedpack doctor --html``, ``speedpack compare --html``): one per run and
+  the comparison, and a screenshot of the slow run's page when headless Chromium is installed;
 * where each offline W&B run lives and the ``wandb sync`` command that uploads it;
 * the speed-up.
 
@@ -48,6 +50,7 @@ def run_doctor(
 ) -> dict[str, Any]:
     """Run ``speedpack doctor [flags]`` on one example; return its JSON report."""
     report = out / f"{Path(script).stem}.json"
+    page = out / f"{Path(script).stem}.html"
     log = out / f"{Path(script).stem}.log"
     cmd = [
         sys.executable,
@@ -57,6 +60,8 @@ def run_doctor(
         *flags,
         "--json",
         str(report),
+        "--html",
+        str(page),
         str(HERE / script),
         "--images",
         str(args.images),
@@ -89,19 +94,19 @@ def _env(out: Path) -> dict[str, str]:
 
 
 def print_findings(report: dict[str, Any]) -> None:
-    """The slow script's findings, most severe first."""
+    """The slow script's findings as the doctor shows them: alike ones folded, GPU advice last."""
+    from lightning_speedpack.core.findings import Finding
+    from lightning_speedpack.doctor.grouping import presented
+
     table = Table(title="What slows slow_training.py down", show_lines=True)
     table.add_column("severity", no_wrap=True)
     table.add_column("finding", ratio=3)
     table.add_column("where", ratio=1, overflow="fold")
     table.add_column("fix", ratio=2)
-    order = {"error": 0, "warning": 1, "info": 2}
-    for f in sorted(report["findings"], key=lambda f: order.get(f.get("severity", "info"), 3)):
+    for f in presented([Finding(**f) for f in report["findings"]]):
+        severity = f"{f.severity}, on {f.pays_on}" if f.pays_on else f.severity
         table.add_row(
-            f.get("severity", ""),
-            f"[bold]{f['component']}/{f['id']}[/]\n{f['message']}",
-            f["location"] or "",
-            f.get("fix") or "",
+            severity, f"[bold]{f.component}/{f.id}[/]\n{f.message}", f.location or "", f.fix or ""
         )
     console.print(table)
 
@@ -198,13 +203,35 @@ def compare_runs(out: Path) -> float:
 
     reports = [out / "slow_training.json", out / "fast_training.json"]
     chart, comparison = out / "samples_per_sec.png", out / "comparison.json"
-    args = [*map(str, reports), "--plot", str(chart), "--json", str(comparison)]
+    page = out / "comparison.html"
+    args = [
+        *map(str, reports),
+        "--plot",
+        str(chart),
+        "--json",
+        str(comparison),
+        "--html",
+        str(page),
+    ]
     console.print(f"[bold]$ speedpack compare {' '.join(args)}[/]", soft_wrap=True)
     code = speedpack_compare(args)
     if code != 0:
         raise SystemExit(f"speedpack compare failed (exit {code})")
     ratios = json.loads(comparison.read_text())["figures"]["samples_per_sec"]["ratio_to_first"]
     return float(ratios[1])
+
+
+def screenshot(page: Path, png: Path) -> Path | None:
+    """A PNG of the top of ``page`` in headless Chromium (the README's picture), if one is here."""
+    from lightning_speedpack.doctor.html.chromium import screenshot as take
+
+    try:
+        taken = take(page, png)
+    except (FileNotFoundError, RuntimeError, OSError) as err:  # no browser: the pages are there
+        console.print(f"No screenshot of {page.name}: {escape(str(err))}")
+        return None
+    console.print(f"Screenshot of {page.name}: {taken}")
+    return taken
 
 
 def main() -> None:
@@ -234,6 +261,9 @@ def main() -> None:
     speedup = compare_runs(out)
     print_wandb_runs(out, started)
     console.print(f"Reports: {out / 'slow_training.json'}, {out / 'fast_training.json'}")
+    pages = [out / f"{name}.html" for name in ("slow_training", "fast_training", "comparison")]
+    console.print("Pages (open in a browser): " + ", ".join(map(str, pages)))
+    screenshot(pages[0], out / "slow_training.png")
     console.rule(f"fast_training.py trains {speedup:.1f}x the samples per second")
 
 

@@ -518,21 +518,19 @@ class SpeedAdvisor(Callback):
 
     def print_table(self, console: Any = None) -> None:
         """Print :attr:`findings` (and the skipped checks) as a rich table, to stderr by default."""
-        from rich.console import Console
-        from rich.table import Table
+        # A table in a terminal; in a log file, records unless the table fits (core.console).
+        from lightning_speedpack.core.console import make_console, print_paragraph, print_table
 
-        console = console or Console(stderr=True)
-        table = Table(title=f"SpeedAdvisor: {len(self.findings)} finding(s)", show_lines=True)
-        table.add_column("severity", no_wrap=True)
-        table.add_column("id", no_wrap=True)
-        for column in ("finding", "evidence", "fix"):
-            table.add_column(column, overflow="fold")
-        for f in self.findings:
-            table.add_row(f.severity, f.id, f.message, f.evidence, f.fix)
-        console.print(table)
+        console = console or make_console()
+        rows = [[f.severity, f.id, f.message, f.evidence, f.fix] for f in self.findings]
+        title = f"SpeedAdvisor: {len(self.findings)} finding(s)"
+        columns = ("severity", "id", "finding", "evidence", "fix")
+        print_table(console, title, columns, rows, show_lines=True)
         if self.skipped:
             reasons = sorted(set(self.skipped.values()))
-            console.print(f"skipped {', '.join(sorted(self.skipped))}: {'; '.join(reasons)}")
+            print_paragraph(
+                console, f"skipped {', '.join(sorted(self.skipped))}: {'; '.join(reasons)}"
+            )
 
     def log_tables(self, trainer: pl.Trainer) -> None:
         """Log the ``speedpack/advisor`` table and its summary counts (rank 0, no sync)."""

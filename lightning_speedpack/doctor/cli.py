@@ -6,11 +6,16 @@ import argparse
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
+from lightning_speedpack.core.console import LAYOUT_ENV, WIDTH_ENV, add_console_arguments
 from lightning_speedpack.doctor import compare as _compare
 
 __all__ = ["main"]
+
+#: Options for the doctor that may also follow SCRIPT (``speedpack doctor train.py --json x``).
+_TRAILING = ("--json", "--html")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also write the report as JSON to PATH (may also follow SCRIPT; "
         "arguments after `--` go to the script untouched)",
     )
+    doctor.add_argument(
+        "--html",
+        metavar="PATH",
+        help="also write the report as one self-contained HTML page with charts to PATH (may "
+        "also follow SCRIPT; needs matplotlib: pip install 'lightning-speedpack[html]')",
+    )
+    add_console_arguments(doctor)
     doctor.add_argument("--quiet", action="store_true", help="do not print the report")
     doctor.add_argument(
         "--deep",
@@ -127,27 +139,29 @@ def _cache_clean(directory: str | None, dry_run: bool) -> int:
     return 0
 
 
-def _split_script_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Take a trailing ``--json PATH`` meant for the doctor out of the script's arguments.
+def _split_script_args(args: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Take the trailing ``--json PATH`` / ``--html PATH`` meant for the doctor out of the script's.
 
     ``speedpack doctor train.py --json out.json`` is what people type; everything after a
     ``--`` goes to the script untouched, so a script's own ``--json`` can still be passed.
+    Returns the options found (``{"--json": PATH}``) and the script's arguments.
     """
-    json_path: str | None = None
+    found: dict[str, str] = {}
     rest: list[str] = []
     items = list(args)
     while items:
         item = items.pop(0)
+        name = item.split("=", 1)[0]
         if item == "--":
             rest.extend(items)
             break
-        if item == "--json" and items:
-            json_path = items.pop(0)
-        elif item.startswith("--json="):
-            json_path = item.split("=", 1)[1]
+        if item in _TRAILING and items:
+            found[item] = items.pop(0)
+        elif name in _TRAILING and "=" in item:
+            found[name] = item.split("=", 1)[1]
         else:
             rest.append(item)
-    return json_path, rest
+    return found, rest
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,8 +171,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cache_clean(ns.dir, ns.dry_run)
     if ns.command == "compare":
         return _compare.run(ns)
-    trailing_json, ns.args = _split_script_args(ns.args)
-    ns.json = ns.json or trailing_json
+    trailing, ns.args = _split_script_args(ns.args)
+    ns.json = ns.json or trailing.get("--json")
+    ns.html = ns.html or trailing.get("--html")
+    problem = _check_doctor_options(ns)
+    if problem:
+        print(f"speedpack doctor: {problem}", file=sys.stderr)
+        return 2
+    from lightning_speedpack.doctor.runner import run_script
+
+    only = None if ns.only is None else [n.strip() for n in ns.only.split(",") if n.strip()]
+    budget = ns.what_if_budget
+    try:
+        with (
+            _trace_environment(ns.trace, ns.trace_dir),
+            _what_if_environment(budget),
+            _text_environment(ns.width, ns.layout),
+        ):
+            flags = ["--what-if"] if ns.what_if or budget is not None else []
+            result = run_script(ns.script, ns.args, deep=ns.deep, only=only, flags=flags)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"speedpack doctor: {err}", file=sys.stderr)
+        return 2
+    if ns.json:
+        result.report.write_json(ns.json)
+    page_error = _write_html(result.report.to_dict(), ns.html) if ns.html else None
+    if not ns.quiet:
+        result.report.print(layout=ns.layout, width=ns.width)
+    if page_error:
+        print(f"speedpack doctor: {page_error}", file=sys.stderr)
+    result.print_traceback()  # last, where a Python user looks for it
+    return result.exit_code or (1 if page_error else 0)
+
+
+def _check_doctor_options(ns: argparse.Namespace) -> str | None:
+    """The one-line problem with the doctor's options, found before the script runs, or None."""
     if ns.trace is not None:
         # Checked here (a one-line error), then handed to the doctor's StepTimeline (and to
         # every DDP rank it re-launches) through the environment.
@@ -167,57 +214,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             parse_trace_steps(ns.trace)
         except ValueError as err:
-            print(f"speedpack doctor: --trace: {err}", file=sys.stderr)
-            return 2
-    from lightning_speedpack.doctor.runner import run_script
+            return f"--trace: {err}"
+    budget = ns.what_if_budget
+    if budget is not None and not (budget > 0 and budget != float("inf")):
+        return f"--what-if-budget must be > 0, got {budget:g}"
+    if ns.html:
+        # Before the run: a training run is too dear to find out at its end that no page follows.
+        from lightning_speedpack.doctor.html import missing_requirement
 
-    only = None if ns.only is None else [n.strip() for n in ns.only.split(",") if n.strip()]
+        return missing_requirement()
+    return None
+
+
+def _write_html(report: dict[str, Any], path: str) -> str | None:
+    """Write the report's HTML page to ``path``; return the problem in one line, or None."""
+    from lightning_speedpack.doctor.html import write_report_page
+
     try:
-        budget = ns.what_if_budget
-        if budget is not None and not (budget > 0 and budget != float("inf")):
-            print(
-                f"speedpack doctor: --what-if-budget must be > 0, got {budget:g}", file=sys.stderr
-            )
-            return 2
-        with _trace_environment(ns.trace, ns.trace_dir), _what_if_environment(budget):
-            flags = ["--what-if"] if ns.what_if or budget is not None else []
-            result = run_script(ns.script, ns.args, deep=ns.deep, only=only, flags=flags)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"speedpack doctor: {err}", file=sys.stderr)
-        return 2
-    if ns.json:
-        result.report.write_json(ns.json)
-    if not ns.quiet:
-        result.report.print()
-    result.print_traceback()  # last, where a Python user looks for it
-    return result.exit_code
+        written = write_report_page(report, path)
+    except OSError as err:
+        return f"--html: cannot write {path}: {err.strerror or err}"
+    except Exception as err:  # a page that cannot be drawn must not cost the text report
+        return (
+            f"--html: the page could not be made ({type(err).__name__}: {err}); the JSON has it all"
+        )
+    print(f"speedpack doctor: HTML report written to {written}", file=sys.stderr)
+    return None
 
 
 @contextmanager
-def _what_if_environment(budget: float | None) -> Iterator[None]:
-    """Hand ``--what-if-budget`` to the doctor's WhatIf (and every DDP rank) for the script."""
-    from lightning_speedpack.what_if.callback import BUDGET_ENV
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    """Set the variables whose value is not None for the duration, then restore all of them.
 
-    saved = os.environ.get(BUDGET_ENV)
-    if budget is not None:
-        os.environ[BUDGET_ENV] = repr(budget)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(BUDGET_ENV, None)
-        else:
-            os.environ[BUDGET_ENV] = saved
-
-
-@contextmanager
-def _trace_environment(trace: str | None, trace_dir: str | None) -> Iterator[None]:
-    """Set the StepTimeline trace variables for the script's duration, then restore them."""
-    from lightning_speedpack.timeline.callback import TRACE_DIR_ENV, TRACE_ENV
-
-    wanted = {TRACE_ENV: trace, TRACE_DIR_ENV: trace_dir}
-    saved = {key: os.environ.get(key) for key in wanted}
-    for key, value in wanted.items():
+    The script runs in this process and may re-launch DDP ranks that inherit the environment,
+    so the environment is how the doctor's options reach the callbacks in every rank.
+    """
+    saved = {key: os.environ.get(key) for key in values}
+    for key, value in values.items():
         if value is not None:
             os.environ[key] = value
     try:
@@ -228,3 +261,27 @@ def _trace_environment(trace: str | None, trace_dir: str | None) -> Iterator[Non
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _text_environment(width: int | None, layout: str) -> AbstractContextManager[None]:
+    """Hand ``--width`` and ``--layout`` to the tables the diagnostics print during the fit."""
+    return _environment(
+        {
+            WIDTH_ENV: None if width is None else str(width),
+            LAYOUT_ENV: layout if layout in ("table", "log") else None,
+        }
+    )
+
+
+def _what_if_environment(budget: float | None) -> AbstractContextManager[None]:
+    """Hand ``--what-if-budget`` to the doctor's WhatIf (and every DDP rank) for the script."""
+    from lightning_speedpack.what_if.callback import BUDGET_ENV
+
+    return _environment({BUDGET_ENV: None if budget is None else repr(budget)})
+
+
+def _trace_environment(trace: str | None, trace_dir: str | None) -> AbstractContextManager[None]:
+    """Set the StepTimeline trace variables for the script's duration, then restore them."""
+    from lightning_speedpack.timeline.callback import TRACE_DIR_ENV, TRACE_ENV
+
+    return _environment({TRACE_ENV: trace, TRACE_DIR_ENV: trace_dir})

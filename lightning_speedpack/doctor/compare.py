@@ -10,9 +10,12 @@ reports of ``speedpack doctor --json`` (one per run, the first being the baselin
   by ``component/id``.
 
 ``--plot out.png`` draws samples/s over training steps for each report (the series
-ThroughputLogger records per logging window; needs matplotlib), and ``--json out.json`` writes
-the comparison. A file that is not JSON, or JSON that is not a doctor report, gets a one-line
-error and exit code 2. Of a report with several fits, the last fit's figures are compared.
+ThroughputLogger records per logging window; needs matplotlib), ``--json out.json`` writes
+the comparison and ``--html out.html`` one self-contained page with the charts. ``--width`` and
+``--layout`` shape the text (a log file gets no table wider than the width: see
+:mod:`lightning_speedpack.core.console`). A file that is not JSON, or JSON that is not a doctor
+report, gets a one-line error and exit code 2. Of a report with several fits, the last fit's
+figures are compared.
 
 This module imports neither torch nor Lightning.
 """
@@ -25,7 +28,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_speedpack.core.console import Cell
 
 __all__ = [
     "LABELS",
@@ -228,39 +234,102 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
 
 
-def print_comparison(comparison: Comparison, console: Any = None) -> None:
-    """Print the figures table and, per report, the findings gone and new (rich)."""
-    from rich.console import Console
-    from rich.table import Table
+def print_comparison(
+    comparison: Comparison,
+    console: Any = None,
+    *,
+    layout: str | None = None,
+    width: int | None = None,
+) -> None:
+    """Print the figures side by side and, per report, the findings gone and new.
 
-    console = console or Console()
+    A terminal gets rich tables. A log file gets a layout that needs no width (see
+    :mod:`lightning_speedpack.core.console`): a line per figure, ``label: A=1, B=0 (0.00x)``,
+    and a paragraph per finding.
+
+    Args:
+        comparison: what :func:`compare` returned.
+        console: a rich ``Console`` (default: one on stdout).
+        layout: ``"table"``, ``"log"``, or ``"auto"``/None (table on a terminal).
+        width: columns to print at (default: the terminal's; 120 in a log).
+    """
+    from lightning_speedpack.core.console import layout_of, make_console, prepare
+
+    if console is None:
+        console = make_console(stderr=False, width=width, layout=layout)
+    else:
+        prepare(console, layout=layout, width=width)
+    log = layout_of(console) == "log"
+    _print_figures(console, comparison, log)
+    for i in range(1, len(comparison.names)):
+        _print_changes(console, comparison, i, log)
+
+
+def _print_figures(console: Any, comparison: Comparison, log: bool) -> None:
+    from rich.table import Column
+
+    from lightning_speedpack.core.console import print_lines, print_table, wrap_paragraph
+
     names = comparison.names
-    table = Table(title=f"speedpack compare (ratio to {names[0]})")
-    table.add_column("figure")
-    table.add_column(names[0], justify="right")
-    for name in names[1:]:
-        table.add_column(name, justify="right")
-        table.add_column(f"/ {names[0]}", justify="right")
+    title = f"speedpack compare (ratio to {names[0]})"
+    rows: list[list[Cell]] = []
     for key, values in comparison.figures.items():
         cells = [_fmt(values[0])]
         for value, ratio in zip(values[1:], comparison.ratios[key][1:], strict=True):
             cells += [_fmt(value), "-" if ratio is None else f"{ratio:.2f}x"]
-        table.add_row(LABELS.get(key, key), *cells)
-    console.print(table)
-    for i, name in enumerate(names[1:], 1):
-        gone, new = comparison.disappeared[i], comparison.appeared[i]
-        if not gone and not new:
-            console.print(f"Findings: {name} has the same findings as {names[0]}.")
-            continue
-        changes = Table(title=f"Findings: {names[0]} -> {name}", show_lines=True)
-        for col in ("", "severity", "component / id", "finding"):
-            changes.add_column(col, overflow="fold")
-        for mark, findings in (("[green]disappeared", gone), ("[red]appeared", new)):
-            for f in findings:
-                changes.add_row(
-                    mark, str(f.get("severity", "")), f"{f['component']}/{f['id']}", _message(f)
-                )
-        console.print(changes)
+        rows.append([LABELS.get(key, key), *cells])
+    if log:  # a line per figure: a table of 40 figures by 3 columns a report reads badly
+        lines = [title]
+        for label, first, *rest in rows:
+            pairs = [f"{names[0]}={first}"]
+            for other, value, times in zip(names[1:], rest[::2], rest[1::2], strict=True):
+                pairs.append(f"{other}={value}" + ("" if times == "-" else f" ({times})"))
+            lines += wrap_paragraph(", ".join(map(str, pairs)), console.width, head=f"{label}: ")
+        print_lines(console, [*lines, ""])
+        return
+    columns = [Column("figure"), Column(names[0], justify="right")]
+    for name in names[1:]:
+        columns += [Column(name, justify="right"), Column(f"/ {names[0]}", justify="right")]
+    print_table(console, title, columns, rows)
+
+
+def _print_changes(console: Any, comparison: Comparison, i: int, log: bool) -> None:
+    """The findings of report ``i`` gone and new against the first report."""
+    from rich.table import Column
+    from rich.text import Text
+
+    from lightning_speedpack.core.console import (
+        print_lines,
+        print_paragraph,
+        print_table,
+        wrap_paragraph,
+    )
+
+    base, name = comparison.names[0], comparison.names[i]
+    gone, new = comparison.disappeared[i], comparison.appeared[i]
+    if not gone and not new:
+        print_paragraph(console, f"Findings: {name} has the same findings as {base}.")
+        return
+    title = f"Findings: {base} -> {name}"
+    changes = [("disappeared", "green", f) for f in gone] + [("appeared", "red", f) for f in new]
+    if log:
+        lines = [title]
+        for mark, _, f in changes:
+            head = f"{mark}: [{f.get('severity', '')}] {f['component']}/{f['id']}: "
+            lines += wrap_paragraph(_message(f), console.width, head=head)
+        print_lines(console, lines)
+        return
+    rows: list[list[Cell]] = [
+        [
+            Text(mark, style=style),
+            str(f.get("severity", "")),
+            f"{f['component']}/{f['id']}",
+            _message(f),
+        ]
+        for mark, style, f in changes
+    ]
+    headers = [Column(""), Column("severity"), Column("component / id"), Column("finding")]
+    print_table(console, title, headers, rows, show_lines=True)
 
 
 def _message(finding: dict[str, Any]) -> str:
@@ -321,6 +390,15 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reports", nargs="+", metavar="REPORT", help="doctor JSON reports")
     parser.add_argument("--plot", metavar="PNG", help="draw samples/s over steps to PNG")
     parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON to PATH")
+    parser.add_argument(
+        "--html",
+        metavar="PATH",
+        help="write the comparison as one self-contained HTML page with charts to PATH "
+        "(needs matplotlib: pip install 'lightning-speedpack[html]')",
+    )
+    from lightning_speedpack.core.console import add_console_arguments
+
+    add_console_arguments(parser)
 
 
 def _names(paths: Sequence[str]) -> list[str]:
@@ -329,10 +407,11 @@ def _names(paths: Sequence[str]) -> list[str]:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Run ``compare`` for parsed arguments (``reports``, ``plot``, ``json``); return the exit code.
+    """Run ``compare`` for parsed arguments; return the exit code.
 
-    0 on success; 2 for fewer than two reports or a report that cannot be read; 1 when the
-    chart was asked for and cannot be drawn.
+    ``ns`` has ``reports``, ``plot``, ``json``, ``html``, ``width`` and ``layout``. 0 on
+    success; 2 for fewer than two reports, a report that cannot be read, or ``--html`` without
+    matplotlib; 1 when the chart or the page was asked for and cannot be made.
     """
     if len(ns.reports) < 2:
         print("speedpack compare: give at least two reports (A B [C ...])", file=sys.stderr)
@@ -341,19 +420,33 @@ def run(ns: argparse.Namespace) -> int:
     if len(set(names)) < len(names):
         print("speedpack compare: a report is given twice", file=sys.stderr)
         return 2
+    if ns.html:
+        from lightning_speedpack.doctor.html import missing_requirement
+
+        problem = missing_requirement()
+        if problem:
+            print(f"speedpack compare: {problem}", file=sys.stderr)
+            return 2
     try:
         reports = {n: load_report(p) for n, p in zip(names, ns.reports, strict=True)}
     except ReportError as err:
         print(f"speedpack compare: {err}", file=sys.stderr)
         return 2
     comparison = compare(reports)
-    from rich.console import Console
-
-    print_comparison(comparison, Console(width=None if sys.stdout.isatty() else 160))
+    print_comparison(comparison, layout=ns.layout, width=ns.width)
     if ns.json:
         target = Path(ns.json)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(comparison.to_dict(), indent=2) + "\n")
+    if ns.html:
+        from lightning_speedpack.doctor.html import write_compare_page
+
+        try:
+            page = write_compare_page(reports, ns.html)
+        except OSError as err:
+            print(f"speedpack compare: --html: cannot write {ns.html}: {err}", file=sys.stderr)
+            return 1
+        print(f"HTML page: {page}")
     if ns.plot:
         try:
             chart = draw_plot(comparison, ns.plot)

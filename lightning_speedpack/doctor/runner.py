@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -426,7 +427,10 @@ def run_script(
             exit_code, error = 130, exc
         except BaseException as exc:
             exit_code, error = 1, exc
-    return ScriptResult(exit_code, session.report(), script=str(path), error=error)
+    report = session.report()
+    report.command = [str(script), *args]
+    report.created = datetime.now().astimezone().isoformat(timespec="seconds")
+    return ScriptResult(exit_code, report, script=str(path), error=error)
 
 
 @contextmanager

@@ -186,6 +186,7 @@ class SyncPointWarnings(Callback):
         self._detector: SyncDetector | None = None
         self._report: list[SyncFinding] = []
         self._train_batches = 0
+        self._device_type: str | None = None
         self._warn = False
 
     @property
@@ -211,6 +212,8 @@ class SyncPointWarnings(Callback):
         self._stop()
         self._report = []
         self._train_batches = 0
+        # On a CPU run (include_cpu=True) the syncs found cost nothing yet: they are GPU advice.
+        self._device_type = trainer.strategy.root_device.type
         self._warn = self.mode == "warn" and trainer.is_global_zero
         self._detector = _PublishingDetector(
             include_cpu=self.include_cpu,
@@ -327,19 +330,19 @@ class SyncPointWarnings(Callback):
 
     def print_summary(self, console: Any = None) -> None:
         """Print the call sites as a rich table, the user's top offenders first."""
-        from rich.console import Console
-        from rich.table import Table
+        # A table in a terminal; in a log file, records unless the table fits (core.console).
+        from lightning_speedpack.core.console import make_console, print_paragraph, print_table
 
-        console = console or Console(stderr=True)
+        console = console or make_console()
         report = self.report
         if not report:
-            console.print("SyncPointWarnings: no host-device syncs in the watched steps.")
+            print_paragraph(
+                console, "SyncPointWarnings: no host-device syncs in the watched steps."
+            )
             return
-        table = Table(title=f"Host-device syncs ({self.syncs_per_step:.2f} of yours per step)")
-        for col in ("origin", "kind", "where", "code", "per step", "steps", "first step"):
-            table.add_column(col, overflow="fold")
-        for f in report:
-            table.add_row(
+        columns = ("origin", "kind", "where", "code", "per step", "steps", "first step")
+        rows = [
+            [
                 f.origin,
                 f.kind,
                 f.location,
@@ -347,8 +350,11 @@ class SyncPointWarnings(Callback):
                 f"{f.per_step:.2f}",
                 str(f.steps_seen),
                 str(f.first_step),
-            )
-        console.print(table)
+            ]
+            for f in report
+        ]
+        title = f"Host-device syncs ({self.syncs_per_step:.2f} of yours per step)"
+        print_table(console, title, columns, rows)
 
     def log_tables(self, trainer: pl.Trainer) -> None:
         """Log ``speedpack/sync_points`` and ``speedpack/syncs_per_step`` (rank 0; no sync)."""
@@ -369,10 +375,22 @@ class SyncPointWarnings(Callback):
         log_summary(trainer, {"speedpack/syncs_per_step": round(self.syncs_per_step, 4)})
 
     def doctor_findings(self) -> list[Finding]:
-        """One finding per call site: warnings for yours, info for Lightning's."""
+        """One finding per call site: warnings for yours, info for Lightning's.
+
+        ``figures`` carry the source line (``code``) and its ``function``; on a CPU run
+        (``include_cpu=True``) each finding has ``pays_on="GPU"``: a CPU has no device to wait
+        for, so removing the sync pays once the model trains on a GPU.
+        """
         out: list[Finding] = []
+        pays_on = "GPU" if self._device_type == "cpu" else None
         for f in self.report:
-            figures = {"count": f.count, "per_step": round(f.per_step, 3), "kind": f.kind}
+            figures = {
+                "count": f.count,
+                "per_step": round(f.per_step, 3),
+                "kind": f.kind,
+                "code": f.code,
+                "function": f.function,
+            }
             if f.library:
                 figures["library"], figures["library_location"] = f.library, f.library_location
             if f.origin == "user":
@@ -387,6 +405,7 @@ class SyncPointWarnings(Callback):
                         figures=figures,
                         severity="warning",
                         fix=library_fix(f.library, f.kind) if f.library else FIXES.get(f.kind),
+                        pays_on=pays_on,
                     )
                 )
             else:
@@ -399,6 +418,7 @@ class SyncPointWarnings(Callback):
                         figures=figures,
                         severity="info",
                         fix=framework_fix(f),
+                        pays_on=pays_on,
                     )
                 )
         return out

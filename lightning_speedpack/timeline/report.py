@@ -100,20 +100,18 @@ def _trace_finding(trace_path: Path, top_ops: list[TopOp]) -> Finding:
 
 
 def print_top_ops(window: TraceWindow) -> None:
-    """Print the window's top operators by self time, and where its trace is, to stderr."""
-    # rich is only needed once a window has finished: keep it off the import path
-    from rich.console import Console
-    from rich.table import Table
+    """Print the window's top operators by self time, and where its trace is, to stderr.
 
-    table = Table(
-        title=f"Top operators by self time, steps {window.first_step}-{window.last_step}",
-        caption=f"trace: {window.path} (open in https://ui.perfetto.dev)",
-    )
-    for column in ("operator", "self ms", "calls"):
-        table.add_column(column, overflow="fold")
-    for op in window.top_ops:
-        table.add_row(op.name, f"{op.self_ms:.3f}", str(op.calls))
-    Console(stderr=True).print(table)
+    Through :mod:`lightning_speedpack.core.console`: a rich table in a terminal, and in a log
+    file (SLURM, CI) a table that fits or ``column: value`` records, never cut.
+    """
+    from lightning_speedpack.core.console import make_console, print_lines, print_table
+
+    console = make_console()
+    title = f"Top operators by self time, steps {window.first_step}-{window.last_step}"
+    rows = [[op.name, f"{op.self_ms:.3f}", str(op.calls)] for op in window.top_ops]
+    print_table(console, title, ["operator", "self ms", "calls"], rows)
+    print_lines(console, [f"trace: {window.path} (open in https://ui.perfetto.dev)"])
 
 
 def log_wandb_artifact(loggers: list[Any], path: Path) -> None:

@@ -75,6 +75,7 @@ def test_report_json_has_stable_keys(tmp_path: Path) -> None:
             "figures": {"v": 1.5},
             "severity": "error",
             "fix": "do this",
+            "pays_on": None,
         }
     ]
     assert data["runs"] == [

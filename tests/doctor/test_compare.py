@@ -56,7 +56,8 @@ def test_compare_prints_figures_ratios_and_the_finding_that_disappeared(
         (f["component"], f["id"]) for f in load_report(before)["findings"]
     }
     png, out_json = tmp_path / "chart.png", tmp_path / "cmp.json"
-    code = main([str(before), str(after), "--plot", str(png), "--json", str(out_json)])
+    args = [str(before), str(after), "--plot", str(png), "--json", str(out_json)]
+    code = main([*args, "--layout", "table", "--width", "200"])
     out = capsys.readouterr().out
     assert code == 0
     assert "speedpack compare (ratio to before)" in out
@@ -78,6 +79,21 @@ def test_compare_prints_figures_ratios_and_the_finding_that_disappeared(
     assert "sync-item" in {f["id"] for f in change["disappeared"]}
     assert "sync-item" not in {f["id"] for f in change["appeared"]}
     assert all(written["samples_per_sec_over_steps"][name] for name in ("before", "after"))
+
+
+def test_compare_into_a_log_file_gives_a_line_per_figure_and_a_paragraph_per_finding(
+    reports: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before, after = reports
+    assert main([str(before), str(after)]) == 0  # stdout captured: not a terminal
+    out = capsys.readouterr().out
+    assert "syncs per step (user code): before=1, after=0 (0.00x)" in out.splitlines()
+    assert "│" not in out
+    assert "…" not in out
+    # at most 100 characters, but for a path alone on its line (never broken)
+    assert all(len(line) <= 100 or " " not in line.strip() for line in out.splitlines())
+    changes = out[out.index("Findings: before -> after") :]
+    assert "disappeared: [warning] sync_points/sync-item: " in changes
 
 
 def test_three_reports_each_get_a_ratio_to_the_first(reports: tuple[Path, Path]) -> None:
@@ -138,3 +154,59 @@ def test_plot_without_a_series_says_so(tmp_path: Path, capsys: pytest.CaptureFix
     assert code == 1
     assert "no chart drawn" in capsys.readouterr().err
     assert not png.exists()
+
+
+def _tiny_reports(tmp_path: Path) -> list[str]:
+    run: dict[str, Any] = {"wall_s": 1.0, "samples": 10, "samples_per_sec": 10.0, "figures": {}}
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"findings": [], "runs": [run]}))
+    return [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+
+
+def test_html_writes_the_compare_page_of_the_reports_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_speedpack.doctor.html as html_pages
+
+    pages: list[tuple[dict[str, Any], str]] = []
+
+    def write_compare_page(reports: dict[str, Any], path: str) -> Path:
+        pages.append((reports, path))
+        return Path(path)
+
+    monkeypatch.setattr(html_pages, "write_compare_page", write_compare_page)
+    page = str(tmp_path / "cmp.html")
+    assert main([*_tiny_reports(tmp_path), "--html", page]) == 0
+    ((reports, path),) = pages
+    assert path == page
+    assert list(reports) == ["a", "b"]  # the names the comparison prints
+    assert reports["a"]["runs"][0]["samples"] == 10
+    assert f"HTML page: {page}" in capsys.readouterr().out
+
+
+def test_html_without_matplotlib_is_one_line_and_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_speedpack.doctor.html as html_pages
+
+    hint = "--html needs matplotlib: pip install 'lightning-speedpack[html]'"
+    monkeypatch.setattr(html_pages, "missing_requirement", lambda: hint)
+    assert main([*_tiny_reports(tmp_path), "--html", str(tmp_path / "x.html")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"speedpack compare: {hint}"]
+    assert captured.out == ""
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_width_sizes_the_compare_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    verdict = "model-bound: the model consumes 214 samples/s, the loader could deliver 10,200"
+    run = {"wall_s": 1.0, "samples": 10, "samples_per_sec": 10.0, "figures": {"verdict": verdict}}
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"findings": [], "runs": [run]}))
+    for width in (60, 120):
+        args = [str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--layout", "table"]
+        assert main([*args, "--width", str(width)]) == 0
+        out = capsys.readouterr().out
+        assert max(len(line) for line in out.splitlines()) == width
+        assert "…" not in out
+        assert "10,200" in out

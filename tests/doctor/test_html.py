@@ -320,6 +320,41 @@ def test_gpu_advice_is_badged_and_listed_after_what_pays_here() -> None:
     assert page.count(">on GPU<") == 1
 
 
+def _finding(component: str, id_: str, severity: str, pays_on: str | None = None) -> dict[str, Any]:
+    message = f"{id_} says so"
+    return {"component": component, "id": id_, "message": message, "severity": severity,
+            "pays_on": pays_on, "figures": {}}  # fmt: skip
+
+
+def _top_tile(page: str) -> str:
+    tile = re.search(r'<div class="label">top finding</div><div class="value">(.*?)</div>', page)
+    assert tile is not None, "no top-finding tile"
+    return tile.group(1)
+
+
+def test_the_top_finding_is_the_first_warning_that_pays_here() -> None:
+    infos = [_finding("data", "data-pipeline", "info"), _finding("data", "model-bound", "info")]
+    gpu = _finding("sync_points", "sync-item", "warning", pays_on="GPU")
+    only_notes = render_report_page({"findings": [*infos, gpu], "runs": [_run()]})
+    assert _top_tile(only_notes) == "no warning that pays on this hardware; 3 notes below"
+    wall = _finding("wall_time", "validation-time", "warning")
+    page = render_report_page({"findings": [*infos, gpu, wall], "runs": [_run()]})
+    assert _top_tile(page) == "[warning] validation-time says so"
+
+
+def test_lines_orders_of_magnitude_apart_get_a_log_axis() -> None:
+    from lightning_speedpack.doctor.html import charts as html_charts
+
+    near = {"loader": [[0, 120.0], [1, 130.0]], "model": [[0, 100.0], [1, 90.0]]}
+    apart = {"loader": [[0, 16000.0], [1, 19000.0]], "model": [[0, 30.0], [1, 32.0]]}
+    linear = html_charts.line_chart("near", near, "epoch", "samples / s")
+    log = html_charts.line_chart("apart", apart, "epoch", "samples / s")
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", log)
+    assert {"100", "1,000", "10,000"} <= set(labels)  # decades, as plain numbers
+    assert "1,000" not in re.findall(r"<text[^>]*>([^<]*)</text>", linear)
+    assert not [label for label in labels if "$" in label]  # no raw mathtext in the page
+
+
 def test_alike_findings_are_grouped_with_their_places() -> None:
     layers = [
         {

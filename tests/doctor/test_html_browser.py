@@ -235,10 +235,11 @@ def test_the_harness_sees_what_a_broken_page_does(tmp_path: Path) -> None:
 def test_a_missing_browser_skips_with_the_install_command_or_fails_when_required(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import lightning_speedpack.doctor.html.chromium as package_chromium
     import tests.helpers.browser as browser
 
-    monkeypatch.setattr(browser, "CANDIDATES", ())
-    monkeypatch.setattr(browser, "ON_PATH", ())
+    monkeypatch.setattr(package_chromium, "CANDIDATES", ())
+    monkeypatch.setattr(package_chromium, "ON_PATH", ())
     monkeypatch.delenv(browser.CHROMIUM_ENV, raising=False)
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv(browser.REQUIRE_ENV, raising=False)
@@ -264,6 +265,7 @@ def test_a_missing_browser_skips_with_the_install_command_or_fails_when_required
 def test_chromium_comes_from_the_override_then_debian_paths(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import lightning_speedpack.doctor.html.chromium as package_chromium
     import tests.helpers.browser as browser
 
     fake = tmp_path / "my-chromium"
@@ -272,8 +274,34 @@ def test_chromium_comes_from_the_override_then_debian_paths(
     monkeypatch.setenv(browser.CHROMIUM_ENV, str(fake))
     assert browser.find_chromium() == str(fake)
     monkeypatch.delenv(browser.CHROMIUM_ENV)
-    monkeypatch.setattr(browser, "CANDIDATES", (str(tmp_path / "absent"), str(fake)))
+    monkeypatch.setattr(package_chromium, "CANDIDATES", (str(tmp_path / "absent"), str(fake)))
     assert browser.find_chromium() == str(fake)
+
+
+def test_the_package_takes_a_screenshot_of_a_page_as_make_demo_does(tmp_path: Path) -> None:
+    from lightning_speedpack.doctor.html.chromium import screenshot
+
+    chromium = chromium_or_skip()
+    report = {"findings": [], "runs": [{"wall_s": 2.0, "samples": 64, "samples_per_sec": 32.0,
+              "figures": {"samples_per_sec_over_steps": [[1, 30.0], [2, 34.0]]}}]}  # fmt: skip
+    page = write_report_page(report, tmp_path / "page.html")
+    png = screenshot(page, tmp_path / "page.png", width=1000, height=800, binary=chromium)
+    assert_png(png)
+    from PIL import Image
+
+    with Image.open(png) as image:
+        assert image.size == (1000, 800)
+    with pytest.raises(FileNotFoundError, match="apt-get install chromium-headless-shell"):
+        _no_browser(page)
+
+
+def _no_browser(page: Path) -> None:
+    """``screenshot`` on a machine without Chromium: the error says how to install one."""
+    import lightning_speedpack.doctor.html.chromium as package_chromium
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(package_chromium, "find_chromium", lambda: None)
+        package_chromium.screenshot(page, page.with_suffix(".png"))
 
 
 DDP_SCRIPT = """\

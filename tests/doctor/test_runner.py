@@ -8,6 +8,7 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,9 @@ def test_cli_writes_the_json_report_and_keeps_the_exit_code(tmp_path: Path) -> N
     assert "script args: ['a']" in proc.stdout
     assert "speedpack doctor" in proc.stderr  # the report goes to stderr, stdout stays the script's
     report = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert set(report) == {"findings", "runs", "skipped"}
+    assert set(report) == {"findings", "runs", "skipped", "command", "created"}
+    assert report["command"] == [str(script), "a"]  # what ran, for the HTML page's header
+    assert datetime.fromisoformat(report["created"]).tzinfo is not None
     assert set(report["runs"][0]) >= {"wall_s", "samples", "samples_per_sec"}
     assert report["runs"][0]["samples"] == 5
     for finding in report["findings"]:
@@ -201,15 +204,18 @@ def test_ranks_relaunched_by_lightning_get_the_same_diagnostics(
     assert report["runs"][0]["samples"] == 3 * 2  # 3 batches of 1 on each of 2 ranks
 
 
-def test_json_after_the_script_is_the_doctors_and_double_dash_passes_through() -> None:
+def test_json_and_html_after_the_script_are_the_doctors_and_double_dash_passes_through() -> None:
     from lightning_speedpack.doctor.cli import _split_script_args
 
     assert _split_script_args(["--epochs", "2", "--json", "o.json"]) == (
-        "o.json",
+        {"--json": "o.json"},
         ["--epochs", "2"],
     )
-    assert _split_script_args(["--json=o.json", "x"]) == ("o.json", ["x"])
-    assert _split_script_args(["a", "--", "--json", "mine"]) == (None, ["a", "--json", "mine"])
+    assert _split_script_args(["--json=o.json", "x", "--html", "r.html"]) == (
+        {"--json": "o.json", "--html": "r.html"},
+        ["x"],
+    )
+    assert _split_script_args(["a", "--", "--json", "mine"]) == ({}, ["a", "--json", "mine"])
 
 
 class Echo(Probe):

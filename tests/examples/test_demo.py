@@ -74,3 +74,49 @@ def test_the_applied_settings_and_the_ones_left(demo: ModuleType) -> None:
 def test_a_report_without_trials_says_so(demo: ModuleType) -> None:
     demo.print_what_if({"runs": [{"figures": {}}], "findings": []}, "slow_training.py")
     assert "No what-if table" in demo.console.export_text()
+
+
+def test_the_findings_are_folded_and_gpu_advice_comes_last(demo: ModuleType) -> None:
+    layer = {
+        "component": "advisor",
+        "id": "layer-dims-multiple",
+        "severity": "info",
+        "fix": "pad to head_dim=104",
+        "figures": {"layer": "MultiheadAttention"},
+        "pays_on": "GPU",
+    }
+    findings = [
+        {**layer, "message": f"dims of enc.{i}.attn", "location": f"enc.{i}.attn"} for i in range(6)
+    ]
+    findings.append(
+        {
+            "component": "data",
+            "id": "model-bound",
+            "severity": "info",
+            "message": "the model consumes 94 samples/s",
+            "location": None,
+            "figures": {},
+            "fix": None,
+        }
+    )
+    demo.print_findings({"findings": findings, "runs": []})
+    text = demo.console.export_text()
+    assert text.count("advisor/layer-dims-multiple") == 1
+    assert "dims of 6 MultiheadAttention layers" in text
+    assert "info, on GPU" in text
+    assert text.index("data/model-bound") < text.index("advisor/layer-dims-multiple")
+
+
+def test_the_screenshot_says_how_to_get_chromium_when_there_is_none(
+    demo: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_speedpack.doctor.html.chromium as chromium
+
+    monkeypatch.delenv("SPEEDPACK_CHROMIUM", raising=False)
+    monkeypatch.setattr(chromium, "CANDIDATES", ())  # not Debian's
+    monkeypatch.setenv("PATH", str(tmp_path))  # nor one on PATH
+    page = tmp_path / "page.html"
+    page.write_text("<html><body>report</body></html>")
+    assert demo.screenshot(page, tmp_path / "page.png") is None
+    assert "apt-get install chromium-headless-shell" in demo.console.export_text()
+    assert not (tmp_path / "page.png").exists()

@@ -25,12 +25,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
+
+from lightning_speedpack.doctor.html.chromium import CHROMIUM_ENV, CHROMIUM_FLAGS, find_chromium
 
 __all__ = [
     "CHROMIUM_ARGS",
@@ -47,10 +48,7 @@ __all__ = [
     "render",
 ]
 
-CHROMIUM_ENV = "SPEEDPACK_CHROMIUM"
 REQUIRE_ENV = "SPEEDPACK_REQUIRE_BROWSER"
-CANDIDATES = ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium")
-ON_PATH = ("chromium-headless-shell", "chromium", "chromium-browser")
 
 INSTALL_HINT = (
     "headless Chromium is not installed: `sudo apt-get install chromium-headless-shell` "
@@ -62,22 +60,8 @@ PLAYWRIGHT_HINT = (
     "no `playwright install` is needed, the test uses the system's Chromium"
 )
 
-#: Flags for a sandbox-less machine whose only network is a few registries: without the
-#: background-networking ones Chromium keeps opening connections the network refuses.
-CHROMIUM_ARGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-default-apps",
-    "--disable-extensions",
-    "--metrics-recording-only",
-    "--no-default-browser-check",
-)
+#: The package's flags (headless, no sandbox, closed to the network); Playwright sets the profile.
+CHROMIUM_ARGS = CHROMIUM_FLAGS
 
 #: URL schemes a self-contained page may load from (itself, inline data, blobs it makes).
 LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:")
@@ -90,31 +74,6 @@ def browser_required() -> bool:
     if value is None:
         value = os.environ.get("CI", "")
     return value.strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def find_chromium() -> str | None:
-    """The Chromium binary to use, or ``None`` when there is none (see the module doc).
-
-    Raises:
-        FileNotFoundError: ``$SPEEDPACK_CHROMIUM`` is set to something that is not a binary
-            (a typo there must not silently fall back to another browser).
-    """
-    override = os.environ.get(CHROMIUM_ENV, "").strip()
-    if override:
-        found = shutil.which(override)
-        if found is None:
-            raise FileNotFoundError(
-                f"{CHROMIUM_ENV}={override!r} is not an executable Chromium binary"
-            )
-        return found
-    for candidate in CANDIDATES:
-        if os.access(candidate, os.X_OK):
-            return candidate
-    for name in ON_PATH:
-        found = shutil.which(name)
-        if found is not None:
-            return found
-    return None
 
 
 def chromium_or_skip() -> str:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from lightning_speedpack.core.events import BatchTransfer
 from lightning_speedpack.timeline.phases import PHASES, PhaseTotals
 from lightning_speedpack.timeline.report import doctor_figures, doctor_findings
-from lightning_speedpack.timeline.trace import TopOp
+from lightning_speedpack.timeline.trace import TopOp, TraceWindow
 
 
 def _run() -> PhaseTotals:
@@ -54,3 +56,23 @@ def test_findings_rank_the_phases_and_point_at_the_trace(tmp_path: Path) -> None
     assert trace.message.endswith("aten::op0 4.0 ms, aten::op1 3.0 ms, aten::op2 2.0 ms")
     assert trace.location == str(tmp_path / "t.json")
     assert trace.figures == {"aten::op0": 4.0, "aten::op1": 3.0, "aten::op2": 2.0, "aten::op3": 1.0}
+
+
+def test_the_top_operators_read_whole_in_a_log_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stderr into a file (SLURM, CI): every operator name whole, no `…`, the trace's path."""
+    from lightning_speedpack.timeline.report import print_top_ops
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    window = TraceWindow(3, 2, tmp_path, rank=0)
+    long_name = "aten::_scaled_dot_product_flash_attention_for_cpu_backward_" + "x" * 40
+    window.top_ops = [TopOp(long_name, 12.5, 40), TopOp("aten::addmm", 3.25, 120)]
+    window.first_step, window.last_step = 3, 4
+    window.path = tmp_path / ("a-long-folder-name-" * 6) / "speedpack-steps3-4-rank0.pt.trace.json"
+    print_top_ops(window)
+    err = capsys.readouterr().err
+    assert "…" not in err
+    assert long_name in err  # never folded nor cut
+    assert "Top operators by self time, steps 3-4" in err
+    assert f"trace: {window.path} (open in https://ui.perfetto.dev)" in err

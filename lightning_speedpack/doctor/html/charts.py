@@ -118,11 +118,29 @@ def line_chart(
             )
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
+        if _spans_decades(series):  # a loader at 16,000/s beside a model at 30/s: both visible
+            from matplotlib.ticker import NullFormatter, StrMethodFormatter
+
+            ax.set_yscale("log")
+            # Plain numbers: the default 10^k labels are mathtext, raw "$10^{4}$" as SVG text.
+            ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_ylim(bottom=0)
         if len(series) > 1:
             ax.legend(loc="best", fontsize=8)
 
     return _draw(name, 3.2, paint)
+
+
+def _spans_decades(series: Mapping[str, Sequence[Sequence[float]]]) -> bool:
+    """Whether the lines' typical values are more than 30x apart (then a log axis shows both)."""
+    typical = []
+    for points in series.values():
+        ys = sorted(float(p[1]) for p in points if float(p[1]) > 0)
+        if ys:
+            typical.append(ys[len(ys) // 2])
+    return len(typical) > 1 and max(typical) > 30 * min(typical)
 
 
 def stacked_bars(

@@ -97,10 +97,15 @@ def _summary(report: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     else:
         tiles.append(_tile("runs", "no fit completed"))
     shown = presented(_findings.rebuild(report.get("findings") or []))
-    if shown:
-        top = shown[0]
+    # The top finding is what to fix first: a warning or error that pays on this hardware.
+    urgent = [f for f in shown if f.severity != "info" and f.pays_on is None]
+    if urgent:
+        top = urgent[0]
         message = top.message.splitlines()[0] if top.message else top.id
         text = f"[{top.severity}] {message[:200]}{'...' if len(message) > 200 else ''}"
+        tiles.append(_tile("top finding", text, "tile wide"))
+    elif shown:
+        text = f"no warning that pays on this hardware; {len(shown)} notes below"
         tiles.append(_tile("top finding", text, "tile wide"))
     return f'<section class="summary" aria-label="summary">{"".join(tiles)}</section>'
 
