@@ -17,7 +17,7 @@ By default the script is ``benchmarks/zoo/transformer_job.py`` (Lightning's tran
 example's model on random tokens: ``head_dim=100`` in 6 attention layers, a 3,001-word
 vocabulary). ``--script PATH`` runs another, e.g. Lightning's own
 ``examples/pytorch/basics/transformer.py`` (it reads ``data/wikitext-2.txt`` from its working
-directory: ``--cwd DIR``). Usage: ``python benchmarks/report_layout.py [--script PATH]
+directory: ``--cwd DIR``). Usage: ``python benchmarks/report_layout.py [--quick] [--script PATH]
 [--cwd DIR] [--out DIR] [-- script args]``.
 """
 
@@ -116,9 +116,12 @@ def main() -> None:
     parser.add_argument("--script", type=Path, default=HERE / "zoo" / "transformer_job.py")
     parser.add_argument("--cwd", type=Path, default=None, help="the script's working directory")
     parser.add_argument("--out", type=Path, default=None, help="keep stderr, JSON and page here")
+    parser.add_argument("--quick", action="store_true", help="the default script for 1 epoch")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     ns = parser.parse_args()
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    if ns.quick and not args:
+        args = ["--epochs", "1"]  # the default script's option (run_all.py --quick)
     with tempfile.TemporaryDirectory() as tmp:
         out = (ns.out or Path(tmp)).resolve()
         out.mkdir(parents=True, exist_ok=True)
