@@ -105,9 +105,12 @@ class SpeedAdvisor(Callback):
     printed, the finding is appended to :attr:`findings` and printed on its own line.
 
     Findings that only mean something on a CUDA GPU (``pin-memory``, ``precision``,
-    ``cudnn-benchmark``, ``channels-last``) are evaluated for the device the run trains on;
-    elsewhere they are listed in :attr:`skipped` with the reason. These checks were exercised
-    on the CPU only, through an injected ``device_info``.
+    ``cudnn-benchmark``, ``channels-last``) are evaluated for the device the run trains on.
+    Elsewhere they are listed in :attr:`skipped` with the reason, and read as if the run were
+    on a tensor-core GPU: what they find goes to :attr:`gpu_findings` (``info``,
+    ``pays_on="GPU"``), for when the model moves to one; the doctor reports them labelled
+    "on GPU", after what pays here. These checks were exercised on the CPU only, through an
+    injected ``device_info``.
 
     ``apply`` fixes, each announced with ``rank_zero_info``:
 
@@ -124,7 +127,8 @@ class SpeedAdvisor(Callback):
     prints and logs on rank 0 only.
 
     After the measurement: :attr:`findings` (list of ``AdvisorFinding``, in the table's order),
-    :attr:`skipped` (finding id -> why it was not evaluated), :attr:`applied` (the fixes
+    :attr:`skipped` (finding id -> why it was not evaluated for this device),
+    :attr:`gpu_findings` (off CUDA: those checks read for a GPU), :attr:`applied` (the fixes
     applied), :attr:`measured_steps` and :attr:`data_wait_fraction` (None before any step was
     measured). Nothing is checkpointed: a resumed run measures again.
 
@@ -220,6 +224,8 @@ class SpeedAdvisor(Callback):
 
     def _reset(self) -> None:
         self._static: list[AdvisorFinding] = []
+        #: Off CUDA: the GPU-only checks read as if the run were on a tensor-core GPU.
+        self.gpu_findings: list[AdvisorFinding] = []
         self._device = DeviceInfo("cpu")
         self._measuring = False
         self._reported = False
@@ -268,6 +274,7 @@ class SpeedAdvisor(Callback):
             return
         self._reset()
         self.findings, self.skipped, self.applied = [], {}, []
+        self.gpu_findings = []
         self.measured_steps, self.data_wait_fraction = 0, None
         self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_verdict)
         self._copies = events.subscribe(events.BATCH_TRANSFER, self._on_copy)
@@ -297,6 +304,7 @@ class SpeedAdvisor(Callback):
         if reason is not None:
             self.skipped = dict.fromkeys(sorted(_advice.GPU_ONLY_IDS), reason)
         loaders = [LoaderSettings.from_dataloader(dl, name) for name, dl in train_loaders(trainer)]
+        self.gpu_findings = self._for_gpu(trainer, pl_module, loaders) if reason else []
         epochs = planned_epochs(trainer)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         found: list[AdvisorFinding] = []
@@ -317,6 +325,24 @@ class SpeedAdvisor(Callback):
         self._measuring = True
         self._fetches, self._tapped = FetchTimer(self._on_fetch), trainer
         tap(trainer, self._fetches)
+
+    @staticmethod
+    def _for_gpu(
+        trainer: pl.Trainer, pl_module: pl.LightningModule, loaders: list[LoaderSettings]
+    ) -> list[AdvisorFinding]:
+        """The GPU-only checks read as if this run were on a tensor-core GPU, for later.
+
+        Kept as ``info`` labelled "on GPU" (``pays_on``): what pays once the model moves to a
+        GPU, listed after what pays here. ``cudnn-benchmark`` needs the measured shapes and is
+        added at the report.
+        """
+        gpu = _advice.as_if_on_gpu(DeviceInfo.from_device(trainer.strategy.root_device))
+        found: list[AdvisorFinding] = []
+        for loader in loaders:
+            found += _advice.check_pin_memory(loader, gpu)
+        found += _advice.check_precision(str(trainer.precision), gpu)
+        found += _advice.check_channels_last(pl_module, gpu)
+        return _advice.for_gpu(found)
 
     # --- measurement -----------------------------------------------------------------------
 
@@ -511,6 +537,12 @@ class SpeedAdvisor(Callback):
         found = _advice.with_measured_workers(found, self._measured)
         found = _advice.with_measured_wait(found, self._measured, self.data_wait_threshold)
         found = self._with_own_wait(found)
+        if self.skipped:  # a run off CUDA: cuDNN autotuning too, read for a GPU
+            gpu = _advice.as_if_on_gpu(self._device)
+            shapes = fixed_shapes(self._shapes)
+            self.gpu_findings += _advice.for_gpu(
+                _advice.check_cudnn_benchmark(module, False, shapes, gpu)
+            )
         self._show(_advice.with_measured_copy(found, self._copy))
         self._remove_hooks()
         if self.verbose and trainer.is_global_zero:
@@ -522,15 +554,17 @@ class SpeedAdvisor(Callback):
         from lightning_speedpack.core.console import make_console, print_paragraph, print_table
 
         console = console or make_console()
-        rows = [[f.severity, f.id, f.message, f.evidence, f.fix] for f in self.findings]
+        rows = [[_severity(f), f.id, f.message, f.evidence, f.fix] for f in self.findings]
         title = f"SpeedAdvisor: {len(self.findings)} finding(s)"
         columns = ("severity", "id", "finding", "evidence", "fix")
         print_table(console, title, columns, rows, show_lines=True)
         if self.skipped:
             reasons = sorted(set(self.skipped.values()))
-            print_paragraph(
-                console, f"skipped {', '.join(sorted(self.skipped))}: {'; '.join(reasons)}"
-            )
+            line = f"skipped {', '.join(sorted(self.skipped))}: {'; '.join(reasons)}"
+            if self.gpu_findings:  # read for a GPU instead: what would pay there
+                found = ", ".join(dict.fromkeys(f.id for f in self.gpu_findings))
+                line += f"; for a GPU later, see gpu_findings: {found}"
+            print_paragraph(console, line)
 
     def log_tables(self, trainer: pl.Trainer) -> None:
         """Log the ``speedpack/advisor`` table and its summary counts (rank 0, no sync)."""
@@ -548,8 +582,11 @@ class SpeedAdvisor(Callback):
         log_summary(trainer, fields)
 
     def doctor_findings(self) -> list[Finding]:
-        """Return :attr:`findings` as the doctor's findings (component ``"advisor"``)."""
-        return [f.to_finding() for f in self.findings]
+        """:attr:`findings`, then :attr:`gpu_findings`, as the doctor's (component ``"advisor"``).
+
+        The GPU findings carry ``pays_on="GPU"``: the report labels them "on GPU", last.
+        """
+        return [f.to_finding() for f in (*self.findings, *self.gpu_findings)]
 
     def doctor_figures(self) -> dict[str, Any]:
         """Return ``{"advisor_findings": <number of findings>}`` for the doctor's run summary."""
@@ -602,6 +639,10 @@ class SpeedAdvisor(Callback):
 
 def _doctor_advisor(_ctx: Any) -> Callback:
     return SpeedAdvisor(verbose=False)
+
+
+def _severity(finding: AdvisorFinding) -> str:
+    return f"{finding.severity}, on {finding.pays_on}" if finding.pays_on else finding.severity
 
 
 register_diagnostic("advisor", SpeedAdvisor, factory=_doctor_advisor, order=50)

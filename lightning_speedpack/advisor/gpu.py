@@ -1,12 +1,16 @@
 """The GPU-only checks on the model and the Trainer: precision, cuDNN autotuning, memory format.
 
 ``precision``, ``cudnn-benchmark`` and ``channels-last`` only mean something on a CUDA GPU;
-:func:`gpu_skip_reason` says why they do not apply elsewhere (the advisor lists them as
-skipped). Tests run them on a CPU machine with an injected
+:func:`gpu_skip_reason` says why they do not apply to the run's own device (the advisor lists
+them as skipped). On a run off CUDA the advisor still reads them against a tensor-core GPU
+(:func:`as_if_on_gpu`) and keeps what they find for when the model moves to one, as ``info``
+labelled "on GPU" (:func:`for_gpu`). Tests run them on a CPU machine with an injected
 ``DeviceInfo(type="cuda", has_tensor_cores=True)``.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -14,12 +18,35 @@ from torch import nn
 from lightning_speedpack.advisor.vocabulary import _CONV, AdvisorFinding, DeviceInfo
 
 __all__ = [
+    "as_if_on_gpu",
     "check_channels_last",
     "check_cudnn_benchmark",
     "check_precision",
+    "for_gpu",
     "gpu_skip_reason",
     "has_conv",
 ]
+
+
+def as_if_on_gpu(device: DeviceInfo) -> DeviceInfo:
+    """The tensor-core GPU the GPU-only checks are read against on a run off CUDA.
+
+    Their advice is kept for when the model moves to a GPU (:func:`for_gpu`); the device's
+    name says so in the evidence.
+
+    Example:
+        >>> as_if_on_gpu(DeviceInfo("cpu")).name
+        'a GPU (this run is on the cpu)'
+    """
+    return DeviceInfo("cuda", f"a GPU (this run is on the {device.type})", (8, 0), True)
+
+
+def for_gpu(found: list[AdvisorFinding]) -> list[AdvisorFinding]:
+    """Findings read against :func:`as_if_on_gpu`: kept as ``info``, labelled ``pays_on="GPU"``.
+
+    The report lists them after what pays on the run's own hardware, marked "on GPU".
+    """
+    return [replace(f, severity="info", pays_on="GPU") for f in found]
 
 
 def gpu_skip_reason(device: DeviceInfo) -> str | None:

@@ -34,9 +34,11 @@ from lightning_speedpack.advisor.data_loading import (
     with_own_data_wait,
 )
 from lightning_speedpack.advisor.gpu import (
+    as_if_on_gpu,
     check_channels_last,
     check_cudnn_benchmark,
     check_precision,
+    for_gpu,
     gpu_skip_reason,
     has_conv,
 )
@@ -67,6 +69,7 @@ __all__ = [
     "AdvisorFinding",
     "DeviceInfo",
     "LoaderSettings",
+    "as_if_on_gpu",
     "check_batch_size_multiple",
     "check_channels_last",
     "check_conv_bias_before_bn",
@@ -81,6 +84,7 @@ __all__ = [
     "check_precision",
     "check_sync_batchnorm",
     "check_zero_grad",
+    "for_gpu",
     "gpu_skip_reason",
     "has_conv",
     "with_measured_copy",
