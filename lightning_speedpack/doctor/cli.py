@@ -235,9 +235,8 @@ def _write_html(report: dict[str, Any], path: str) -> str | None:
     except OSError as err:
         return f"--html: cannot write {path}: {err.strerror or err}"
     except Exception as err:  # a page that cannot be drawn must not cost the text report
-        return (
-            f"--html: the page could not be made ({type(err).__name__}: {err}); the JSON has it all"
-        )
+        why = f"{type(err).__name__}: {err}"
+        return f"--html: the page could not be made ({why}); the text report and --json have it"
     print(f"speedpack doctor: HTML report written to {written}", file=sys.stderr)
     return None
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from lightning_speedpack.core.console import LOG_WIDTH
 from lightning_speedpack.doctor.compare import compare, load_report, main
 from lightning_speedpack.doctor.runner import run_script
 
@@ -90,8 +91,8 @@ def test_compare_into_a_log_file_gives_a_line_per_figure_and_a_paragraph_per_fin
     assert "syncs per step (user code): before=1, after=0 (0.00x)" in out.splitlines()
     assert "│" not in out
     assert "…" not in out
-    # at most 100 characters, but for a path alone on its line (never broken)
-    assert all(len(line) <= 100 or " " not in line.strip() for line in out.splitlines())
+    # at most LOG_WIDTH characters, but for a path alone on its line (never broken)
+    assert all(len(line) <= LOG_WIDTH or " " not in line.strip() for line in out.splitlines())
     changes = out[out.index("Findings: before -> after") :]
     assert "disappeared: [warning] sync_points/sync-item: " in changes
 
