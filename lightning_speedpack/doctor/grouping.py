@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from lightning_speedpack.core.findings import Finding
 
-__all__ = ["compact_locations", "grouped", "impact", "presented"]
+__all__ = ["compact_locations", "grouped", "impact", "ordered", "presented"]
 
 _SEVERITY = {"error": 0, "warning": 1, "info": 2}
 _NUMBER = re.compile(r"(?<=[.\[])\d+(?=[.\]]|$)")
