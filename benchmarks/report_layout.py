@@ -83,11 +83,11 @@ def breakable_overlong(lines: list[str], limit: int = 120) -> list[str]:
 
 def measure(stderr: str, report: dict[str, Any], page: Path) -> dict[str, Any]:
     """The figures of one run (see the module's docstring)."""
-    from lightning_speedpack.core.findings import Finding
+    from lightning_speedpack.core.findings import findings_from_dicts
     from lightning_speedpack.doctor.grouping import presented
 
     lines = report_part(stderr)
-    shown = presented([Finding(**f) for f in report["findings"]])
+    shown = presented(findings_from_dicts(report["findings"]))
     found = paragraphs(lines)
     ratios, dense = [], []
     for finding, para in zip(shown, found, strict=False):

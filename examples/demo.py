@@ -95,7 +95,7 @@ def _env(out: Path) -> dict[str, str]:
 
 def print_findings(report: dict[str, Any]) -> None:
     """The slow script's findings as the doctor shows them: alike ones folded, GPU advice last."""
-    from lightning_speedpack.core.findings import Finding
+    from lightning_speedpack.core.findings import findings_from_dicts
     from lightning_speedpack.doctor.grouping import presented
 
     table = Table(title="What slows slow_training.py down", show_lines=True)
@@ -103,7 +103,7 @@ def print_findings(report: dict[str, Any]) -> None:
     table.add_column("finding", ratio=3)
     table.add_column("where", ratio=1, overflow="fold")
     table.add_column("fix", ratio=2)
-    for f in presented([Finding(**f) for f in report["findings"]]):
+    for f in presented(findings_from_dicts(report["findings"])):
         severity = f"{f.severity}, on {f.pays_on}" if f.pays_on else f.severity
         table.add_row(
             severity, f"[bold]{f.component}/{f.id}[/]\n{f.message}", f.location or "", f.fix or ""

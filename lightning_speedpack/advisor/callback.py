@@ -304,7 +304,7 @@ class SpeedAdvisor(Callback):
         if reason is not None:
             self.skipped = dict.fromkeys(sorted(_advice.GPU_ONLY_IDS), reason)
         loaders = [LoaderSettings.from_dataloader(dl, name) for name, dl in train_loaders(trainer)]
-        self.gpu_findings = self._for_gpu(trainer, pl_module, loaders) if reason else []
+        self.gpu_findings = self._for_gpu(trainer, pl_module, loaders, device) if reason else []
         epochs = planned_epochs(trainer)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         found: list[AdvisorFinding] = []
@@ -328,7 +328,10 @@ class SpeedAdvisor(Callback):
 
     @staticmethod
     def _for_gpu(
-        trainer: pl.Trainer, pl_module: pl.LightningModule, loaders: list[LoaderSettings]
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        loaders: list[LoaderSettings],
+        device: DeviceInfo,
     ) -> list[AdvisorFinding]:
         """The GPU-only checks read as if this run were on a tensor-core GPU, for later.
 
@@ -336,7 +339,7 @@ class SpeedAdvisor(Callback):
         GPU, listed after what pays here. ``cudnn-benchmark`` needs the measured shapes and is
         added at the report.
         """
-        gpu = _advice.as_if_on_gpu(DeviceInfo.from_device(trainer.strategy.root_device))
+        gpu = _advice.as_if_on_gpu(device)
         found: list[AdvisorFinding] = []
         for loader in loaders:
             found += _advice.check_pin_memory(loader, gpu)
@@ -537,7 +540,7 @@ class SpeedAdvisor(Callback):
         found = _advice.with_measured_workers(found, self._measured)
         found = _advice.with_measured_wait(found, self._measured, self.data_wait_threshold)
         found = self._with_own_wait(found)
-        if self.skipped:  # a run off CUDA: cuDNN autotuning too, read for a GPU
+        if not self._device.is_gpu:  # a run off CUDA: cuDNN autotuning too, read for a GPU
             gpu = _advice.as_if_on_gpu(self._device)
             shapes = fixed_shapes(self._shapes)
             self.gpu_findings += _advice.for_gpu(

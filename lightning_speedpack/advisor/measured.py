@@ -113,8 +113,7 @@ def with_measured_gains(
         return found
     amended: list[AdvisorFinding] = []
     for finding in found:
-        # Advice for a GPU on a run off CUDA: a trial on this device does not speak for it.
-        knob = None if finding.pays_on else best_measured(finding.id, results)
+        knob = best_measured(finding.id, results)
         amended.append(finding if knob is None else _with_gain(finding, knob, results.min_gain))
     return amended
 

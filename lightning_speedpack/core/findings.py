@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-__all__ = ["Figure", "Finding", "Severity"]
+__all__ = ["Figure", "Finding", "Severity", "findings_from_dicts"]
 
 Severity = Literal["info", "warning", "error"]
 Figure = float | int | str | bool | None
@@ -35,3 +36,25 @@ class Finding:
 
     def __repr__(self) -> str:
         return f"Finding(component={self.component!r}, id={self.id!r}, ...)"
+
+
+def findings_from_dicts(findings: Iterable[dict[str, Any]]) -> list[Finding]:
+    """A JSON report's findings (``speedpack doctor --json``) as :class:`Finding` objects.
+
+    Unknown keys are dropped and missing ones take their defaults, so a report written by an
+    older or newer release reads too (one without ``pays_on``, say).
+
+    Example:
+        >>> [f] = findings_from_dicts([{"component": "data", "id": "x", "message": "m", "new": 1}])
+        >>> (f.component, f.pays_on, f.figures)
+        ('data', None, {})
+    """
+    known = {f.name for f in fields(Finding)}
+    out = []
+    for item in findings:
+        kwargs = {k: v for k, v in item.items() if k in known}
+        kwargs.setdefault("message", "")
+        if not isinstance(kwargs.get("figures"), dict):
+            kwargs["figures"] = {}
+        out.append(Finding(**kwargs))
+    return out

@@ -438,15 +438,7 @@ def run(ns: argparse.Namespace) -> int:
         target = Path(ns.json)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(comparison.to_dict(), indent=2) + "\n")
-    if ns.html:
-        from lightning_speedpack.doctor.html import write_compare_page
-
-        try:
-            page = write_compare_page(reports, ns.html)
-        except OSError as err:
-            print(f"speedpack compare: --html: cannot write {ns.html}: {err}", file=sys.stderr)
-            return 1
-        print(f"HTML page: {page}")
+    page_failed = bool(ns.html) and not _write_page(reports, ns.html)
     if ns.plot:
         try:
             chart = draw_plot(comparison, ns.plot)
@@ -461,7 +453,24 @@ def run(ns: argparse.Namespace) -> int:
             )
             return 1
         print(f"Chart of samples/s over steps: {chart}")
-    return 0
+    return 1 if page_failed else 0
+
+
+def _write_page(reports: dict[str, dict[str, Any]], path: str) -> bool:
+    """``--html``: write the comparison's page; say why not (one line) and return False."""
+    from lightning_speedpack.doctor.html import write_compare_page
+
+    try:
+        page = write_compare_page(reports, path)
+    except OSError as err:
+        print(f"speedpack compare: --html: cannot write {path}: {err}", file=sys.stderr)
+        return False
+    except Exception as err:  # a page that cannot be drawn must not cost the chart after it
+        why = f"{type(err).__name__}: {err}"
+        print(f"speedpack compare: --html: the page could not be made ({why})", file=sys.stderr)
+        return False
+    print(f"HTML page: {page}")
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:

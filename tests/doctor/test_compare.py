@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lightning_speedpack.core.console import LOG_WIDTH
-from lightning_speedpack.doctor.compare import compare, load_report, main
+from lightning_speedpack.doctor.compare import SERIES, compare, load_report, main
 from lightning_speedpack.doctor.runner import run_script
 
 SCRIPT = """
@@ -183,6 +183,30 @@ def test_html_writes_the_compare_page_of_the_reports_by_name(
     assert list(reports) == ["a", "b"]  # the names the comparison prints
     assert reports["a"]["runs"][0]["samples"] == 10
     assert f"HTML page: {page}" in capsys.readouterr().out
+
+
+def test_a_page_that_cannot_be_made_still_lets_the_chart_be_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lightning_speedpack.doctor.html as html_pages
+
+    def broken(reports: dict[str, Any], path: str) -> Path:
+        raise ValueError("a figure the page cannot draw")
+
+    monkeypatch.setattr(html_pages, "write_compare_page", broken)
+    run: dict[str, Any] = {"wall_s": 1.0, "samples": 10, "samples_per_sec": 10.0,
+                           "figures": {SERIES: [[1, 9.0], [2, 11.0]]}}  # fmt: skip
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"findings": [], "runs": [run]}))
+    chart = tmp_path / "chart.png"
+    argv = [str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--html", "x.html"]
+    assert main([*argv, "--plot", str(chart)]) == 1  # the page failed; the rest did not
+    assert chart.is_file()
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "speedpack compare: --html: the page could not be made (ValueError: a figure the page "
+        "cannot draw)"
+    ]
 
 
 def test_html_without_matplotlib_is_one_line_and_exit_code_2(

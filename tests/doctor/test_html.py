@@ -24,6 +24,7 @@ from lightning_speedpack.doctor.html import (
 )
 from lightning_speedpack.doctor.html.sections import MAX_BARS, phase_windows
 from lightning_speedpack.doctor.runner import run_script
+from lightning_speedpack.what_if.report import COLUMNS as WHAT_IF_COLUMNS
 from tests.helpers.namespaces import NAMESPACE_IDS, NAMESPACE_NAMES
 
 pytest.importorskip("matplotlib")
@@ -376,20 +377,7 @@ def test_alike_findings_are_grouped_with_their_places() -> None:
 
 def test_one_phase_bar_without_the_series_and_the_what_if_table() -> None:
     what_if = {
-        "columns": [
-            "knob",
-            "side",
-            "today",
-            "candidate",
-            "before",
-            "after",
-            "gain",
-            "gain_low",
-            "gain_high",
-            "numerics",
-            "verdict",
-            "note",
-        ],
+        "columns": list(WHAT_IF_COLUMNS),  # as WhatIf writes them
         "rows": [
             [
                 "num_workers",

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lightning_speedpack.core.findings import findings_from_dicts
 from lightning_speedpack.doctor.compare import LABELS, Comparison, compare
 from lightning_speedpack.doctor.html import charts
-from lightning_speedpack.doctor.html.findings import finding_list, rebuild
+from lightning_speedpack.doctor.html.findings import finding_list
 from lightning_speedpack.doctor.html.markup import (
     chart,
     details,
@@ -116,7 +117,7 @@ def _changes(comparison: Comparison) -> str:
                 out.append(
                     f'<div class="changes" data-change="{cls}" data-report="{esc(name)}">'
                     f'<p><span class="badge {cls}">{label}</span>{len(items)} finding(s)</p>'
-                    f"{finding_list(rebuild(items), prefix=f'{cls}-{i}')}</div>"
+                    f"{finding_list(findings_from_dicts(items), prefix=f'{cls}-{i}')}</div>"
                 )
     return "".join(out)
 
@@ -185,7 +186,7 @@ def render_compare_page(reports: dict[str, dict[str, Any]]) -> str:
     full = "".join(
         details(
             f"{name}: {len(report.get('findings') or [])} finding(s)",
-            finding_list(rebuild(report.get("findings") or []), prefix=f"r{slug(i)}"),
+            finding_list(findings_from_dicts(report.get("findings") or []), prefix=f"r{slug(i)}"),
         )
         for i, (name, report) in enumerate(reports.items())
     )

@@ -1,46 +1,23 @@
 """The findings on the page: every one with its fix, and the sync points and retained graphs.
 
-Findings are rebuilt from the report's dicts as :class:`~lightning_speedpack.core.findings.
-Finding` objects and shown as :func:`~lightning_speedpack.doctor.grouping.presented` orders
-and groups them. Each is a ``<section class="finding">`` whose ``id`` and ``data-finding-id``
-(``component/id``) a test or a link can find.
+Findings are read back from the report's dicts
+(:func:`~lightning_speedpack.core.findings.findings_from_dicts`) and shown as
+:func:`~lightning_speedpack.doctor.grouping.presented` orders and groups them. Each is a
+``<section class="finding">`` whose ``id`` and ``data-finding-id`` (``component/id``) a test or
+a link can find.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Iterable
-from typing import Any
 
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.doctor.grouping import presented
 from lightning_speedpack.doctor.html.markup import esc, fmt, human_bytes, slug, table
 
-__all__ = ["finding_list", "rebuild", "retained_graphs", "sync_points"]
+__all__ = ["finding_list", "retained_graphs", "sync_points"]
 
-_FIELDS = {f.name for f in dataclasses.fields(Finding)}
 _BACKTICKED = re.compile(r"`([^`]+)`")
-
-
-def rebuild(findings: Iterable[dict[str, Any]]) -> list[Finding]:
-    """The report's finding dicts as :class:`Finding` objects (unknown keys dropped).
-
-    An older report without ``pays_on`` (or ``figures``) gets the defaults.
-
-    Example:
-        >>> [f] = rebuild([{"component": "data", "id": "x", "message": "m", "extra": 1}])
-        >>> (f.component, f.pays_on, f.figures)
-        ('data', None, {})
-    """
-    out = []
-    for item in findings:
-        kwargs = {k: v for k, v in item.items() if k in _FIELDS}
-        kwargs.setdefault("message", "")
-        if not isinstance(kwargs.get("figures"), dict):
-            kwargs["figures"] = {}
-        out.append(Finding(**kwargs))
-    return out
 
 
 def _code(finding: Finding) -> str:

@@ -14,6 +14,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
+from lightning_speedpack.core.findings import findings_from_dicts
 from lightning_speedpack.doctor.grouping import presented
 from lightning_speedpack.doctor.html import findings as _findings
 from lightning_speedpack.doctor.html import sections
@@ -96,7 +97,7 @@ def _summary(report: dict[str, Any], runs: list[dict[str, Any]]) -> str:
             tiles.append(_tile("data wait", f"{wait:.0%} of each step"))
     else:
         tiles.append(_tile("runs", "no fit completed"))
-    shown = presented(_findings.rebuild(report.get("findings") or []))
+    shown = presented(findings_from_dicts(report.get("findings") or []))
     # The top finding is what to fix first: a warning or error that pays on this hardware.
     urgent = [f for f in shown if f.severity != "info" and f.pays_on is None]
     if urgent:
@@ -152,7 +153,7 @@ def render_report_page(report: dict[str, Any]) -> str:
         True
     """
     runs = _runs(report)
-    found = _findings.rebuild(report.get("findings") or [])
+    found = findings_from_dicts(report.get("findings") or [])
     body = [header("speedpack doctor report", report, runs), _summary(report, runs)]
     if not runs:
         body.append(
