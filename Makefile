@@ -10,13 +10,14 @@ STAMP := $(VENV)/.speedpack-installed
 # (a CUDA torch from the registry); their other requirements come with the dev extra.
 STACKS_SPEC ?= litdata==0.2.76 mosaicml-streaming==0.13.0
 DEMO_OUT ?= demo-output
+GPU_CHECK_OUT ?= gpu-check-output
 
 # A second venv with pytorch-lightning only (no `lightning`): proves the package imports and fits
 # with one namespace installed.
 PL_ONLY_VENV ?= .venv-pl-only
 PL_ONLY_STAMP := $(PL_ONLY_VENV)/.speedpack-installed
 
-.PHONY: setup test test-grid lint typecheck pytest test-one-namespace demo bench clean
+.PHONY: setup test test-grid lint typecheck pytest test-one-namespace demo bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,11 @@ demo: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
+
+# On a GPU machine: no venv, no install; the repository and the machine's own torch, Lightning and
+# nvidia-ml-py (see BENCHMARKS.md, "On a GPU"). Without CUDA it runs dry (CPU, toy sizes).
+gpu-check:
+	PYTHONPATH=. $(PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf $(VENV) $(PL_ONLY_VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache

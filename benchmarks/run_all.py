@@ -45,7 +45,7 @@ def main() -> int:
     scripts = sorted(
         p
         for p in HERE.glob("*.py")
-        if not p.name.startswith(("_", "run_all")) and p.stem not in skip
+        if not p.name.startswith(("_", "run_all", "gpu_check")) and p.stem not in skip
     )
     failed = []
     for script in scripts:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         BatchSizeWarning,
     )
     from lightning_speedpack.cache import CacheBudgetWarning, CachedDataset, CachedStream, CacheInfo
+    from lightning_speedpack.comm import CommMonitor
     from lightning_speedpack.core.findings import Finding
     from lightning_speedpack.data_xray import DataPipelineProfiler, stage
     from lightning_speedpack.retention import (
@@ -71,6 +72,7 @@ _ROOMS = {
     "CacheInfo": "cache",
     "CachedDataset": "cache",
     "CachedStream": "cache",
+    "CommMonitor": "comm",
     "DataPipelineProfiler": "data_xray",
     "DDPSpeedpackStrategy": "strategies",
     "DeviceInfo": "advisor",
@@ -100,6 +102,7 @@ __all__ = [
     "CacheInfo",
     "CachedDataset",
     "CachedStream",
+    "CommMonitor",
     "DDPSpeedpackStrategy",
     "DataPipelineProfiler",
     "DeviceInfo",

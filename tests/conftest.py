@@ -39,6 +39,20 @@ class OfflineWandb:
         return runs[0]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.cuda`` tests need a CUDA device: without one they are skipped, saying so."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (make gpu-check runs these on one)")
+    for item in marked:
+        item.add_marker(skip)
+
+
 @pytest.fixture
 def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[OfflineWandb]:
     """W&B in offline mode writing only under ``tmp_path``; finishes any run a test left open."""

@@ -59,6 +59,7 @@ def test_every_public_callback_is_in_the_contract() -> None:
     # Pinned by name: a callback that stops being exported (or a new one) changes this list.
     assert [cls.__name__ for cls in EXPORTED_CALLBACKS] == [
         "BatchSizeTuner",
+        "CommMonitor",
         "DataPipelineProfiler",
         "LossRetentionDetector",
         "SpeedAdvisor",

@@ -13,10 +13,16 @@ the job adds itself), and the two runs must agree on:
 
 A few settings train on two DDP ranks (``strategy="ddp"`` on CPUs, 2 workers per rank): a stream
 in ``CachedStream`` (over a stream that splits itself by rank and worker, and over WebDataset
-shards split by node and worker) and, as a control, a map-style ``TensorDataset`` (Lightning puts
-a ``DistributedSampler`` in). There each epoch's union over the ranks must hold each sample
-exactly once, the pack's union the same multiset as the plain run's and, for the map-style
-control, each rank the same samples in the same order as in the plain run.
+shards split by node and worker) and, as a control, a map-style ``TensorDataset`` and PyTorch
+Geometric's ``DataLoader`` (Lightning puts a ``DistributedSampler`` in). There each epoch's union
+over the ranks must hold each sample exactly once, the pack's union the same multiset as the
+plain run's and, for the map-style loaders, each rank the same samples in the same order as in
+the plain run.
+
+On the PyG and ``torchdata.nodes`` stacks the doctor must also judge the job right: its verdict
+(``--json``) must follow the wait the run measured (data-bound when the steps waited for data at
+least half the time, model-bound under a fifth); the ``torchdata.nodes`` job is planted
+data-bound (its items take 4 ms each), and its measured wait must show it.
 
 The stacks and their data are in ``tests/helpers/stacks.py``. The plain run of a (stack,
 workers) setting runs once per session and is itself checked: every epoch holds each sample
@@ -25,8 +31,8 @@ exactly once, or the harness (not the pack) is wrong.
 The default run is a fast subset; the full grid is marked ``grid`` and runs only when ``-m``
 names it (otherwise its cases are skipped, so a plain ``pytest`` stays fast)::
 
-    pytest tests/test_invisible.py                    # the fast subset (~2 min)
-    pytest tests/test_invisible.py -m grid            # the full grid (~20 min on 2 cores)
+    pytest tests/test_invisible.py                    # the fast subset (~2.5 min)
+    pytest tests/test_invisible.py -m grid            # the full grid (~23 min on 2 cores)
 
 Each run keeps its ``ids.json`` (under DDP also each rank's ``ids.rank<r>.json``),
 ``stdout.txt`` and ``stderr.txt`` in its directory (named in a failure's message).
@@ -44,6 +50,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,6 +111,17 @@ DDP_STACKS = ("stream_cached", "wds_cached", "tensor")
 DDP_MODES = ("deep", "doctor")
 #: ``speedpack doctor --trace`` (StepTimeline's profiler window) on these stacks, 2 workers.
 TRACE_STACKS = ("tensor", "stream_cached", "wds_cached", "litdata", "mosaic")
+#: Stacks that run fewer settings and modes, to keep the grid within CI's time: 0 and 2 workers
+#: (PyG's persistent, as its examples have them), plain doctor and ``--deep``, and PyG on two DDP
+#: ranks under ``--deep`` (a map-style loader of another class that Lightning re-creates with
+#: its ``DistributedSampler``).
+LEAN = {"pyg": (W0, W2P), "nodes": (W0, W2)}
+LEAN_MODES = ("doctor", "deep")
+LEAN_DDP = {"pyg": ("deep",)}
+#: The doctor's verdict against the wait its run measured (``data_wait_fraction``): data-bound
+#: from this share of the step spent waiting for data, model-bound below the other.
+DATA_BOUND_WAIT = 0.5
+MODEL_BOUND_WAIT = 0.2
 
 
 @dataclass
@@ -120,6 +138,7 @@ class JobRun:
     ranks: list[list[list[int]]] | None  # DDP: each rank's own epochs; else None
     weights: str | None
     other_training_step_calls: int | None
+    report: dict[str, Any] | None = None  # the doctor's JSON report, when it wrote one
 
     @property
     def job_lines(self) -> list[str]:
@@ -207,7 +226,8 @@ def _run(stack: Stack, setting: Setting, mode: str, data_root: Path, run: Path) 
         namespace=setting.namespace,
         devices=setting.devices,
     )
-    command = plain_command(args) if mode == "plain" else pack_command(mode, args)
+    report = run / "report.json" if stack.judged and setting.devices == 1 else None
+    command = plain_command(args) if mode == "plain" else pack_command(mode, args, report)
     start = time.perf_counter()
     proc = run_in_session(command, timeout=setting.timeout, env=_env(stack, run), cwd=run)
     seconds = time.perf_counter() - start
@@ -226,6 +246,7 @@ def _run(stack: Stack, setting: Setting, mode: str, data_root: Path, run: Path) 
         ranks=found.get("ranks"),
         weights=found.get("weights_sha256"),
         other_training_step_calls=found.get("other_training_step_calls"),
+        report=json.loads(report.read_text()) if report and report.is_file() else None,
     )
 
 
@@ -246,6 +267,34 @@ def _epoch_problems(epochs: list[list[int]]) -> list[str]:
                 f"{len(counts)} distinct, {len(repeated)} repeated (id: times, e.g. {examples}), "
                 f"{missing} missing, unknown ids {unknown[:8]}"
             )
+    return problems
+
+
+def verdict_problems(stack: Stack, run: JobRun) -> list[str]:
+    """What is wrong with the doctor's verdict on a judged stack's job: it must follow the wait
+    the run measured, and that wait must be the planted one (``stack.planted``)."""
+    if not stack.judged or run.report is None:
+        return []
+    runs = run.report.get("runs", [])
+    if len(runs) != 1:
+        return [f"the doctor's report holds {len(runs)} runs, expected 1"]
+    figures = runs[0].get("figures", {})
+    wait, bound = figures.get("data_wait_fraction"), figures.get("bound")
+    if wait is None:
+        return [f"the doctor measured no data wait (verdict {figures.get('verdict')!r})"]
+    problems = []
+    planted = {"data": wait >= DATA_BOUND_WAIT, "model": wait < MODEL_BOUND_WAIT}
+    if stack.planted is not None and not planted[stack.planted]:
+        problems.append(
+            f"the job is written {stack.planted}-bound but its steps waited for data {wait:.0%} "
+            "of the time (a harness problem)"
+        )
+    expected = "data" if wait >= DATA_BOUND_WAIT else "model" if wait < MODEL_BOUND_WAIT else None
+    if expected is not None and bound != expected:
+        problems.append(
+            f"the verdict is {bound}-bound ({figures.get('verdict')!r}) for a run whose steps "
+            f"waited for data {wait:.0%} of the time: expected {expected}-bound"
+        )
     return problems
 
 
@@ -359,7 +408,7 @@ def check_invisible(
         f"{stack_name} {setting.id}: plain {plain.seconds:.1f} s, {mode} {pack.seconds:.1f} s; "
         f"training_step calls outside the fit's steps: {pack.other_training_step_calls}"
     )
-    problems = compare(stack, plain, pack, setting)
+    problems = compare(stack, plain, pack, setting) + verdict_problems(stack, pack)
     if mode == "trace" and not list(Path(pack.run).glob("traces/*.trace.json")):
         problems.append("`--trace 2:2` wrote no trace: the window never ran")
     where = f"(the runs' output: {plain.run}/std*.txt and {pack.run}/std*.txt)"
@@ -376,6 +425,10 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _grid() -> list[tuple[str, Setting, str]]:
     cases = []
     for stack in STACKS.values():
+        if stack.name in LEAN:
+            cases += [(stack.name, s, mode) for s in LEAN[stack.name] for mode in LEAN_MODES]
+            cases += [(stack.name, W2_DDP, mode) for mode in LEAN_DDP.get(stack.name, ())]
+            continue
         settings = [W0, W2, W2P] + ([W2_SPAWN] if stack.spawn else [])
         if stack.name == "tensor":
             settings.append(W2P_L)
@@ -402,6 +455,8 @@ FAST = [
     ("mosaic", W2, "deep"),
     ("mosaic", W2P, "deep"),  # where MosaicML's shared memory met the side probe's workers
     ("stream_cached", W2_DDP, "deep"),  # two ranks x two workers: each sample once per epoch
+    ("pyg", W2P, "doctor"),  # the doctor on PyG's batches (issue 36); the verdict checked
+    ("nodes", W2, "doctor"),  # a torchdata.nodes Loader planted data-bound, judged so
 ]
 
 
@@ -429,10 +484,17 @@ def test_grid_covers_every_stack_setting_and_mode() -> None:
     assert {mode for _, _, mode in GRID} == {*MODES, "trace"}
     assert {name for name, _, mode in GRID if mode == "trace"} == set(TRACE_STACKS)
     for stack in STACKS:
-        assert {s for name, s, _ in GRID if name == stack} >= {W0, W2, W2P}
+        settings = {s for name, s, _ in GRID if name == stack and s.devices == 1}
+        assert settings >= set(LEAN.get(stack, (W0, W2, W2P)))
+        assert {s.workers for s in settings} == {0, 2}
+    for stack in LEAN:
+        assert {mode for name, _, mode in GRID if name == stack} == set(LEAN_MODES)
     assert {name for name, s, _ in GRID if s.spawn} == {"tensor", "cached_map"}
     ddp = {(name, mode) for name, s, mode in GRID if s.devices > 1}
-    assert ddp == {(name, mode) for name in DDP_STACKS for mode in DDP_MODES}
+    assert ddp == {(name, mode) for name in DDP_STACKS for mode in DDP_MODES} | {
+        (name, mode) for name, modes in LEAN_DDP.items() for mode in modes
+    }
+    assert {name for name, stack in STACKS.items() if stack.judged} <= {name for name, _, _ in FAST}
     assert {s for _, s, _ in GRID if s.devices > 1} == {W2_DDP}
     assert W2_DDP.workers == 2
     assert any(s.devices > 1 for _, s, _ in FAST)

@@ -59,6 +59,7 @@ __all__ = [
     "SUMMARY_FILE",
     "TABLES",
     "Cell",
+    "Reviser",
     "TableSource",
     "csv_file_name",
     "figure_fields",
@@ -76,6 +77,8 @@ __all__ = [
 Cell = bool | int | float | str | None
 
 #: Stable names and columns of the pack's tables (issue 15); every component logs its own.
+#: (``speedpack/world``, the doctor's row per DDP rank, is not here: its first columns are fixed,
+#: then come whatever scalar figures the ranks' diagnostics published.)
 TABLES: dict[str, tuple[str, ...]] = {
     "speedpack/sync_points": (
         "origin",
@@ -393,6 +396,23 @@ class TableSource(Protocol):
         ...
 
 
+@runtime_checkable
+class Reviser(Protocol):
+    """A callback that reads the other callbacks' findings and figures anew before they are logged.
+
+    The doctor's recorder is one: under DDP it names the straggler and turns rank 0's "backward"
+    into "waiting for rank k" (:mod:`lightning_speedpack.world.revise`).
+    """
+
+    def revise_findings(self, findings: list[Finding]) -> list[Finding]:
+        """Return the findings to log instead of ``findings``."""
+        ...
+
+    def revise_figures(self, figures: dict[str, Any]) -> None:
+        """Change the figures to log in place."""
+        ...
+
+
 def log_fit_end(trainer: pl.Trainer, callback: TableSource) -> None:
     """What a pack callback does in ``on_fit_end``: its tables, and the run's if it is the last.
 
@@ -432,8 +452,9 @@ def log_findings(trainer: pl.Trainer, callbacks: Iterable[Any] | None = None) ->
 
     Gathers ``doctor_findings()`` (merged as the doctor merges them, see
     :func:`merge_findings`) and ``doctor_figures()`` (as :func:`figure_fields`) from every
-    callback with both methods (``trainer.callbacks`` unless ``callbacks`` is given), then logs
-    the table and the summary fields on rank 0. Call it on demand, e.g. after ``trainer.fit``.
+    callback with both methods (``trainer.callbacks`` unless ``callbacks`` is given), lets each
+    :class:`Reviser` among them revise both, then logs the table and the summary fields on
+    rank 0. Call it on demand, e.g. after ``trainer.fit``.
 
     Returns:
         The findings logged (empty on ranks other than 0).
@@ -452,13 +473,14 @@ def log_findings(trainer: pl.Trainer, callbacks: Iterable[Any] | None = None) ->
     if not trainer.is_global_zero:
         return []
     found: list[Finding] = []
-    fields: dict[str, Cell] = {}
-    for callback in trainer.callbacks if callbacks is None else callbacks:  # type: ignore[attr-defined]
+    figures: dict[str, Any] = {}
+    chosen = list(trainer.callbacks if callbacks is None else callbacks)  # type: ignore[attr-defined]
+    for callback in chosen:
         if not isinstance(callback, Diagnosable):
             continue
         try:
             found.extend(callback.doctor_findings())
-            fields.update(figure_fields(callback.doctor_figures()))
+            figures.update(callback.doctor_figures())
         except Exception as err:  # one failing diagnostic must not hide the others
             found.append(
                 Finding(
@@ -468,6 +490,11 @@ def log_findings(trainer: pl.Trainer, callbacks: Iterable[Any] | None = None) ->
                     severity="info",
                 )
             )
+    for callback in chosen:  # the doctor's recorder: rank 0's findings read with every rank
+        if isinstance(callback, Reviser):
+            found = callback.revise_findings(found)
+            callback.revise_figures(figures)
+    fields = figure_fields(figures)
     findings = merge_findings(found)
     log_table(trainer, "speedpack/findings", TABLES["speedpack/findings"], finding_rows(findings))
     log_summary(trainer, {**fields, **finding_counts(findings)})

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size, read_batch_size
 
 __all__ = ["LoaderCeiling", "Verdict", "cpu_count", "loader_ceiling", "samples_in_batch", "verdict"]
 
@@ -39,6 +39,14 @@ class LoaderCeiling:
     seconds: float
     first_batch_seconds: float  # start-up: iterator creation to the first batch
     batch: Any = None  # the last batch drawn (for the model ceiling)
+
+
+def batch_unit(batch: Any) -> str:
+    """What a batch's size counts: ``"samples"``, ``"graphs"`` (PyG), ``"nodes"``, ``"batches"``."""
+    try:
+        return read_batch_size(batch).unit
+    except BatchSizeError:
+        return "batches"
 
 
 def samples_in_batch(batch: Any) -> int:
@@ -126,11 +134,21 @@ class Verdict:
     cores: int | None = None  # set when workers on these cores cannot close the gap
     instead: str | None = None  # then: what can
     transfer_note: str | None = None  # data-bound by the handover, not the loading itself
+    # Set when no loader figure was measured and the run's wait at the fetch decided the bound:
+    wait_fraction: float | None = None  # that wait, over the training time
+    delivered: float | None = None  # samples/s that reached the steps
+    unit: str = "samples"  # what a sample is: "graphs" for PyG batches (core.batch)
 
     @property
     def message(self) -> str:
-        """The verdict in one sentence, with the numbers."""
+        """The verdict in one sentence, with the numbers (in graphs/s for PyG batches)."""
+        text = self._message()
+        return text if self.unit == "samples" else text.replace(" samples/s", f" {self.unit}/s")
+
+    def _message(self) -> str:
         loader, model = self.loader_samples_per_sec, self.model_samples_per_sec
+        if self.bound != "unknown" and model is not None and self.wait_fraction is not None:
+            return self._wait_message(model, self.wait_fraction)
         if self.bound == "unknown" or loader is None or model is None:
             return f"unknown: {self.reason or 'a ceiling could not be measured'}"
         if self.bound == "data":
@@ -139,14 +157,28 @@ class Verdict:
                 f"the model could consume {model:,.0f}"
             )
             return text + self._workers_text()
-        spread = ""
-        if self.model_spread is not None:
-            lo, hi = self.model_spread
-            spread = f" ({lo:,.0f}-{hi:,.0f} over epochs)"
         return (
-            f"model-bound: the model consumes {model:,.0f} samples/s{spread}, "
+            f"model-bound: the model consumes {model:,.0f} samples/s{self._spread_text()}, "
             f"the loader could deliver {loader:,.0f}{' warm' if self.warm else ''}"
         )
+
+    def _wait_message(self, model: float, wait: float) -> str:
+        """A bound the wait at the fetch decided: no loader ceiling was measured, none is given."""
+        waited = f"the run waited for data {wait:.0%} of its training time"
+        unmeasured = "(the loader's own ceiling was not measured)"
+        if self.bound == "data":
+            got = f"; the steps got {self.delivered:,.0f} samples/s" if self.delivered else ""
+            return f"data-bound: {waited}{got}, the model could consume {model:,.0f} {unmeasured}"
+        return (
+            f"model-bound: the model consumes {model:,.0f} samples/s{self._spread_text()}; "
+            f"{waited} {unmeasured}"
+        )
+
+    def _spread_text(self) -> str:
+        if self.model_spread is None:
+            return ""
+        lo, hi = self.model_spread
+        return f" ({lo:,.0f}-{hi:,.0f} over epochs)"
 
     def _workers_text(self) -> str:
         if self.transfer_note is not None:

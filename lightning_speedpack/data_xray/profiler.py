@@ -8,37 +8,42 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from typing_extensions import override
 
-from lightning_speedpack.core import events
 from lightning_speedpack.core import stages as _stages
 from lightning_speedpack.core.findings import Finding
-from lightning_speedpack.core.lightning import (
-    Callback,
-    classes,
-    namespace_of,
-    rank_zero_info,
-    rank_zero_warn,
-)
-from lightning_speedpack.core.loader_hook import LoaderHook, hook_dataloaders
-from lightning_speedpack.core.locations import user_code_location
-from lightning_speedpack.core.nested import leaves
+from lightning_speedpack.core.lightning import Callback, rank_zero_info, rank_zero_warn
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
-from lightning_speedpack.core.stages import CACHE_MISS_STAGE, RowSnapshot
 from lightning_speedpack.data_xray.ceilings import (
     Verdict,
+    batch_unit,
     cpu_count,
     loader_ceiling,
     samples_in_batch,
     verdict,
 )
+from lightning_speedpack.data_xray.fit_loaders import FitLoaders
 from lightning_speedpack.data_xray.instrument import LoaderProbe
-from lightning_speedpack.data_xray.pipeline import PipelineTotals, delta, format_stage_table
+from lightning_speedpack.data_xray.loaders import (
+    dataset_location,
+    fillable,
+    loader_fix,
+    loader_location,
+    not_timed_reason,
+)
+from lightning_speedpack.data_xray.outputs import (
+    log_ceilings,
+    log_metrics,
+    publish_verdict,
+    write_wandb_summary,
+)
+from lightning_speedpack.data_xray.pipeline import PipelineTotals, delta
+from lightning_speedpack.data_xray.report import XrayReport
 from lightning_speedpack.data_xray.run_check import (
-    COLLATE,
     EpochClock,
     EpochFigures,
     RunVerdict,
     check_verdict,
     loader_cores,
+    slowest_stage,
 )
 
 if TYPE_CHECKING:
@@ -87,6 +92,15 @@ class DataPipelineProfiler(Callback):
     exceed the cores this rank's loader can use (cores per local rank, less the training
     process) unless the fetch is measured to wait rather than compute; when workers cannot
     close the gap it says what can.
+
+    A training loader that is not a torch DataLoader (a ``torchdata.nodes.Loader``, DALI, FFCV,
+    a generator) cannot be seen into: its stages are not timed and no ceiling is read from it
+    (the report says so once: "not timed: not a torch DataLoader: torchdata.nodes.Loader").
+    The time each training step waits at the fetch is timed for any iterable (through
+    ``trainer.profiler``) and decides: from 20% of the training time spent waiting the run is
+    data-bound (as with a DataLoader whatever its ceilings), the fix phrased for that kind of
+    loader; below, model-bound. With ``probe="start"`` the model ceiling is timed on the fit's
+    first batch; the loader's is never made up from the run's own pace.
 
     Rank policy: measures on every rank (each its own loader); logs and reports rank 0's.
 
@@ -166,6 +180,7 @@ class DataPipelineProfiler(Callback):
         self.model_ceiling: float | None = None
         self.last_metrics: dict[str, float] = {}
         self._batches = 0
+        self._unit = "samples"  # what the first training batch counts (core.batch)
         self._last_logged_step = -1
         self._pending = PipelineTotals()
         self._location: str | None = None
@@ -176,16 +191,11 @@ class DataPipelineProfiler(Callback):
         self.run_check: RunVerdict | None = None  # the verdict checked against those epochs
         self._epoch: EpochClock | None = None
         self._epoch_totals = PipelineTotals()
-        self._waited_closed = 0.0  # data wait of loaders no longer in the fit
         self._ours_cached = False  # the training data is a CachedDataset (fill() can help)
         self._unmeasured: list[str] = []  # why a ceiling could not be measured
-        # runtime only (never pickled)
-        self._probes: list[LoaderProbe] = []
-        self._reads: dict[int, tuple[list[RowSnapshot], float]] = {}
-        self._waits: dict[int, tuple[float, int]] = {}
-        self._shadowed: LoaderHook | None = None
-        self._main_probe: LoaderProbe | None = None
-        self._main_recorder: Any = None
+        self.not_timed: str | None = None  # why the stages were not timed (not a DataLoader)
+        self._loader_fix: str | None = None  # the data-bound fix for that kind of loader
+        self._loaders = FitLoaders()  # runtime only (a fresh one when pickled)
 
     @property
     @override
@@ -194,9 +204,7 @@ class DataPipelineProfiler(Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(
-            _probes=[], _reads={}, _waits={}, _shadowed=None, _main_probe=None, _main_recorder=None
-        )
+        state["_loaders"] = FitLoaders()
         return state
 
     # ---- Lightning hooks -------------------------------------------------------------------
@@ -206,27 +214,31 @@ class DataPipelineProfiler(Callback):
         if stage != "fit":
             return
         self.totals, self.verdict, self.last_metrics = PipelineTotals(), None, {}
+        self._unit = "samples"
         self.loader_ceiling = self.model_ceiling = None
         self.not_measured, self._from_fit, self.trial_steps = None, False, 0
         self._batches, self._last_logged_step, self._pending = 0, -1, PipelineTotals()
         self.epochs, self.run_check, self._epoch = [], None, None
-        self._epoch_totals, self._waited_closed = PipelineTotals(), 0.0
-        self._ours_cached, self._unmeasured = False, []
-        self._shadow(trainer)
+        self._epoch_totals, self._ours_cached, self._unmeasured = PipelineTotals(), False, []
+        self.not_timed, self._loader_fix = None, None
+        self._loaders.new_fit()
+        self._loaders.shadow(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._keep_train_probes(trainer)
-        if self.probe == "start" and self._probes:
+        self._keep_train_loaders(trainer)
+        if self.probe == "start" and self.not_timed is not None:
+            self._from_fit = True  # no loader to probe aside: the model on the fit's first batch
+        elif self.probe == "start" and self._loaders.probes:
             self._run_probes(trainer, pl_module)
-        self._mark_all()
-        self._activate_main()
+        self._loaders.mark()
+        self._loaders.activate_main()
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._keep_train_probes(trainer)  # loaders reloaded for this epoch
-        self._activate_main()
-        self._epoch = EpochClock(trainer.current_epoch, self._waited())
+        self._keep_train_loaders(trainer)  # loaders reloaded for this epoch
+        self._loaders.activate_main()
+        self._epoch = EpochClock(trainer.current_epoch, self._loaders.waited())
         self._epoch_totals = PipelineTotals()
 
     @override
@@ -237,7 +249,7 @@ class DataPipelineProfiler(Callback):
             self._from_fit = False
             self._time_model(trainer, pl_module, batch)
         if self._epoch is not None and not self._epoch.first_batch_seen:
-            self._epoch.first_batch(self._waited())
+            self._epoch.first_batch(self._loaders.waited())
 
     @override
     def on_train_batch_end(
@@ -249,6 +261,8 @@ class DataPipelineProfiler(Callback):
         batch_idx: int,
     ) -> None:
         self._batches += 1
+        if self._batches == 1:
+            self._unit = batch_unit(batch)  # graphs for PyG: the verdict says graphs/s
         if self._epoch is not None:
             self._epoch.samples += samples_in_batch(batch)
             self._epoch.batches += 1
@@ -268,7 +282,7 @@ class DataPipelineProfiler(Callback):
         if self._epoch is not None:
             self._epoch.validation_ended()
         if trainer.training:
-            self._activate_main()
+            self._loaders.activate_main()
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -280,17 +294,29 @@ class DataPipelineProfiler(Callback):
         self._window()
         self._end_epoch()  # a fit stopped by max_steps inside an epoch
         _stages.deactivate()
-        workers = self._probes[0].workers if self._probes else 0
-        if self.not_measured is not None and self._probes:  # a stream: ceilings from the fit
+        workers = self._loaders.workers
+        if (
+            self.not_measured is not None and self._loaders.probes
+        ):  # a stream: ceilings from the fit
             per_process = self.totals.per_process_samples_per_sec()
             self.loader_ceiling = None if per_process is None else per_process * max(workers, 1)
             self.verdict = verdict(self.loader_ceiling, self.model_ceiling, per_process)
+            self._log_ceilings(trainer)
+        elif self.not_timed is not None and self.model_ceiling is not None:
+            self.verdict = verdict(None, self.model_ceiling)  # the run's wait will decide
             self._log_ceilings(trainer)
         self._check_against_run(trainer, workers)
         if trainer.global_step != self._last_logged_step:  # the unlogged tail, once
             self._log(trainer)
         if trainer.is_global_zero:
-            self._write_wandb_summary(trainer)
+            write_wandb_summary(
+                trainer,
+                self.prefix,
+                self.totals,
+                self.verdict,
+                self.loader_ceiling,
+                self.model_ceiling,
+            )
 
     @override
     def on_exception(
@@ -306,184 +332,49 @@ class DataPipelineProfiler(Callback):
 
     def doctor_figures(self) -> dict[str, Any]:
         """Whole-run figures: per-stage ms, busy fraction, ceilings, verdict, workers needed."""
-        figures: dict[str, Any] = {
-            k.removeprefix(self.prefix).replace("/", "_"): v
-            for k, v in self.totals.metrics(self.prefix).items()
-        }
-        figures["batches"] = self._batches
-        figures["loader_ceiling_samples_per_sec"] = self.loader_ceiling
-        figures["model_ceiling_samples_per_sec"] = self.model_ceiling
-        figures["trial_steps"] = self.trial_steps
-        if self.not_measured is not None:
-            figures["not_measured"] = self.not_measured
-        if self.run_check is not None:
-            figures["verdict_revisions"] = list(self.run_check.revisions)
-        figures["run_epochs"] = [_epoch_row(e) for e in self.epochs]
-        if self.verdict is not None:
-            figures["verdict"] = self.verdict_message()
-            figures["bound"] = self.verdict.bound
-            figures["workers_needed"] = self.verdict.workers_needed
-            figures["per_worker_samples_per_sec"] = self.verdict.per_worker_samples_per_sec
-        return figures
+        return self._report().figures()
 
     def doctor_findings(self) -> list[Finding]:
-        """The stage table (``data-pipeline``) and the verdict (``data-bound``/``model-bound``)."""
-        found: list[Finding] = []
-        if self.totals.samples > 0 or self.totals.batches > 0:
-            found.append(
-                Finding(
-                    component="data",
-                    id="data-pipeline",
-                    message="where a training sample's loading time goes:\n"
-                    + format_stage_table(self.totals),
-                    location=self._location,
-                    figures=self.totals.metrics(self.prefix),
-                    severity="info",
-                )
-            )
-        if self.not_measured is not None:
-            found.append(
-                Finding(
-                    component="data",
-                    id="loader-ceiling-from-the-fit",
-                    message=f"not measured aside from the fit: {self.not_measured}",
-                    severity="info",
-                )
-            )
-        if self.trial_steps:
-            found.append(
-                Finding(
-                    component="data",
-                    id="trial-steps",
-                    message=f"the model-ceiling probe ran {self.trial_steps} of your training "
-                    "steps before the fit went on (parameters, optimizer, RNG and metric states "
-                    "put back; self.log muted; anything else your training_step touches, it "
-                    "touched)",
-                    figures={"trial_steps": self.trial_steps},
-                    severity="info",
-                )
-            )
-        v = self.verdict
-        if v is not None and v.bound == "unknown":
-            found.append(
-                Finding(component="data", id="bound-unknown", message=v.message, severity="info")
-            )
-        if v is not None and v.bound != "unknown":
-            found.append(
-                Finding(
-                    component="data",
-                    id=f"{v.bound}-bound",
-                    message=self.verdict_message() or v.message,
-                    location=self._location if v.bound == "data" else None,
-                    figures={
-                        "loader_ceiling_samples_per_sec": v.loader_samples_per_sec,
-                        "model_ceiling_samples_per_sec": v.model_samples_per_sec,
-                        "workers_needed": v.workers_needed,
-                    },
-                    severity=self._verdict_severity(v),
-                    fix=self._verdict_fix(v),
-                )
-            )
-        return found
+        """The stage table (``data-pipeline``), what was not timed, and the verdict."""
+        return self._report().findings()
 
     def verdict_message(self) -> str | None:
         """The verdict as the report states it: checked against the run when it could be."""
-        if self.run_check is not None:
-            return self.run_check.message
-        return None if self.verdict is None else self.verdict.message
+        return self._report().message()
 
-    def _verdict_severity(self, v: Verdict) -> Literal["info", "warning", "error"]:
-        """Data-bound is a warning; an error when the run waited more than it computed."""
-        if v.bound != "data":
-            return "info"
-        steady = self.run_check.steady if self.run_check is not None else None
-        return "error" if steady is not None and steady.wait_fraction > 0.5 else "warning"
-
-    def _verdict_fix(self, v: Verdict) -> str | None:
-        if v.bound == "data":
-            if v.transfer_note is not None:
-                return (
-                    "larger batches, or DataLoader(num_workers=0) when a sample is cheap to "
-                    "read (a cache): fewer handovers from worker processes per sample"
-                )
-            if v.instead is not None:
-                more = f"DataLoader(num_workers={v.workers_needed}); " if v.workers_needed else ""
-                return more + v.instead
-            if v.workers_needed:
-                return (
-                    f"raise DataLoader(num_workers=...) to about {v.workers_needed} "
-                    "(persistent_workers=True) and/or cache the deterministic preprocessing "
-                    "with lightning_speedpack.CachedDataset"
-                )
-            return "cache the deterministic preprocessing with CachedDataset"
-        check = self.run_check
-        if check is not None and check.filling_bound == "data" and self._ours_cached:
-            return (
-                "once per run the first epoch decodes while training; CachedDataset.fill() "
-                "before fit decodes in processes of its own instead"
-            )
-        return None
+    def _report(self) -> XrayReport:
+        return XrayReport(
+            self.totals,
+            prefix=self.prefix,
+            batches=self._batches,
+            loader_ceiling=self.loader_ceiling,
+            model_ceiling=self.model_ceiling,
+            trial_steps=self.trial_steps,
+            not_measured=self.not_measured,
+            not_timed=self.not_timed,
+            verdict=self.verdict,
+            run_check=self.run_check,
+            epochs=self.epochs,
+            location=self._location,
+            ours_cached=self._ours_cached,
+            loader_fix=self._loader_fix,
+        )
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _shadow(self, trainer: pl.Trainer) -> None:
-        """Instrument each training DataLoader as Lightning processes it (before any iterator)."""
-        if self._shadowed is not None:
-            return
-        namespace = namespace_of(trainer).__name__
-        seed_module = (
-            "lightning.fabric.utilities.seed"
-            if namespace.startswith("lightning.")
-            else "lightning_fabric.utilities.seed"
-        )
-
-        def instrument(dataloader: object) -> object:
-            if (
-                trainer.training
-                and not trainer.sanity_checking
-                and isinstance(dataloader, torch.utils.data.DataLoader)
-                and not any(p.loader is dataloader for p in self._probes)
-            ):
-                self._probes.append(LoaderProbe(dataloader, seed_module, trainer.global_rank))
-                self._activate_main()  # the fit's first batches are fetched before train start
-            return dataloader
-
-        # After every other listener (WhatIf's rebuilt loader is the one the fit iterates).
-        self._shadowed = hook_dataloaders(trainer.strategy, instrument, priority=90)
-
-    def _unshadow(self) -> None:
-        if self._shadowed is None:
-            return
-        hook, self._shadowed = self._shadowed, None
-        hook.remove()
-
-    def _keep_train_probes(self, trainer: pl.Trainer) -> None:
-        """Undo the instrumentation of loaders that are not (or no longer) training loaders."""
-        loaders = leaves(trainer.train_dataloader, torch.utils.data.DataLoader)
-        keep = []
-        for probe in self._probes:
-            if any(probe.loader is dl for dl in loaders):
-                keep.append(probe)
-            else:
-                self._close(probe)
-        self._probes = keep
+    def _keep_train_loaders(self, trainer: pl.Trainer) -> None:
+        """Give back the loaders no longer training; name those the X-ray cannot see into."""
+        loaders, opaque = self._loaders.keep_train(trainer)
         if self._location is None and loaders:
-            self._location = _fetch_location(loaders[0].dataset)
-
-    def _activate_main(self) -> None:
-        """Record the main process's fetches when a training loader has no workers."""
-        main = next((p for p in self._probes if p.workers == 0), None)
-        if main is None:
-            self._main_probe = self._main_recorder = None
-            _stages.deactivate()
-            return
-        if main is not self._main_probe or self._main_recorder is None:
-            self._main_probe = main
-            self._main_recorder = _stages.activate(main.table, 0)
-        _stages._ACTIVE = self._main_recorder  # resumed: the row keeps counting
+            self._location = dataset_location(loaders[0].dataset)
+        if opaque and self.not_timed is None:  # once a fit (one line in the report)
+            self.not_timed = not_timed_reason(opaque)
+            self._loader_fix = loader_fix(opaque[0])
+            self._location = self._location or loader_location(opaque[0])
+            rank_zero_info(f"DataPipelineProfiler: stages not timed: {self.not_timed}")
 
     def _run_probes(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        probe = self._probes[0]
+        probe = self._loaders.probes[0]
         if isinstance(probe.loader.dataset, torch.utils.data.IterableDataset):
             # A stream may hold state a second reader would change or collide with (LitData's
             # resumable position, MosaicML's shared memory, a cache's pass counts): it is never
@@ -540,52 +431,18 @@ class DataPipelineProfiler(Callback):
                 )
             self.verdict.reason = "; ".join(self._unmeasured) or None
         rank_zero_info(f"DataPipelineProfiler: {self.verdict.message}")
-        self._publish(self.verdict, workers)
+        publish_verdict(self.verdict, workers)
         self._log_ceilings(trainer)
 
     def _log_ceilings(self, trainer: pl.Trainer) -> None:
-        """Both ceilings through every logger, once (rank 0)."""
-        if not trainer.is_global_zero:
-            return
-        metrics = {
-            f"{self.prefix}loader_ceiling_samples_per_sec": self.loader_ceiling,
-            f"{self.prefix}model_ceiling_samples_per_sec": self.model_ceiling,
-        }
-        values = {k: float(v) for k, v in metrics.items() if v is not None}
-        if values:
-            for logger in trainer.loggers:
-                logger.log_metrics(values, step=trainer.global_step)
-
-    @staticmethod
-    def _publish(
-        v: Verdict, workers: int, wait: float | None = None, wait_ms: float | None = None
-    ) -> None:
-        """Tell the advisor (its ``dataloader-workers`` finding follows the measured verdict)."""
-        events.publish(
-            events.DATA_VERDICT,
-            events.DataVerdict(
-                v.bound,
-                v.loader_samples_per_sec,
-                v.model_samples_per_sec,
-                v.workers_needed,
-                v.per_worker_samples_per_sec,
-                workers,
-                wait,
-                wait_ms,
-                v.cores is None and v.transfer_note is None,
-            ),
-        )
-
-    def _waited(self) -> float:
-        """Seconds the fit has spent inside its training loaders' ``next`` so far."""
-        return self._waited_closed + sum(p.next_seconds for p in self._probes)
+        log_ceilings(trainer, self.prefix, self.loader_ceiling, self.model_ceiling)
 
     def _end_epoch(self) -> None:
         clock, self._epoch = self._epoch, None
         if clock is None or clock.samples == 0:
             return
-        processes = max(self._probes[0].workers, 1) if self._probes else 1
-        self.epochs.append(clock.finish(self._waited(), self._epoch_totals, processes))
+        processes = max(self._loaders.workers, 1)
+        self.epochs.append(clock.finish(self._loaders.waited(), self._epoch_totals, processes))
         self._epoch_totals = PipelineTotals()
 
     def _check_against_run(self, trainer: pl.Trainer, workers: int) -> None:
@@ -598,8 +455,13 @@ class DataPipelineProfiler(Callback):
             cores=loader_cores(cpu_count(), local_ranks),
             workers=workers,
             cached=hits + misses > 0,
-            slowest_stage=self._slowest_stage(),
+            slowest_stage=slowest_stage(self.totals),
+            loader_seen=self.not_timed is None,
         )
+        if self.verdict is not None:
+            self.verdict.unit = self._unit
+        if checked is not None:
+            checked.verdict.unit = self._unit
         if checked is None:
             if self.verdict is not None and self.verdict.bound == "unknown":
                 self.verdict.reason = (
@@ -608,135 +470,28 @@ class DataPipelineProfiler(Callback):
                 )
             return
         self.run_check, self.verdict = checked, checked.verdict
-        self._ours_cached = any(_fillable(p.loader.dataset) for p in self._probes)
+        self._ours_cached = any(fillable(p.loader.dataset) for p in self._loaders.probes)
         steady = checked.steady
         waits = (steady.wait_fraction, steady.wait_ms_per_batch) if steady else (None, None)
-        self._publish(checked.verdict, workers, *waits)
+        publish_verdict(checked.verdict, workers, *waits)
         rank_zero_info(f"DataPipelineProfiler, checked against the run: {checked.message}")
 
-    def _slowest_stage(self) -> tuple[str, float] | None:
-        """What to make cheaper: the collate function when it costs more than the fetches.
-
-        Else the named stage that costs most per call, the cache's fill excepted (once).
-        """
-        t = self.totals
-        if t.batches > 0 and t.collate_seconds > t.fetch_seconds:
-            return COLLATE, 1000.0 * t.collate_seconds / t.batches
-        costs = [
-            (name, 1000.0 * seconds / count)
-            for name, (seconds, count) in self.totals.stages.items()
-            if count > 0 and name != CACHE_MISS_STAGE
-        ]
-        return max(costs, key=lambda c: c[1]) if costs else None
-
-    def _mark_all(self) -> None:
-        """Start the fit's window here: what ran before (the probes) is not counted."""
-        now = time.perf_counter()
-        for probe in self._probes:
-            probe.count_from = now
-            rows = probe.table.read()
-            for r in probe.live_rows():  # the fit's own processes: counted from their start
-                rows[r].pid = 0
-            self._reads[id(probe)] = (rows, now)
-            self._waits[id(probe)] = (probe.wait_seconds, probe.waits)
-
-    def _window(self) -> PipelineTotals:
-        """Read every table; add what happened since the last read to the run totals."""
-        window = PipelineTotals()
-        now = time.perf_counter()
-        for probe in self._probes:
-            rows = probe.table.read()
-            before, t_before = self._reads.get(id(probe), (None, now))
-            if before is None:
-                t_before = min((r.start for r in rows if r.pid), default=now)
-            waited, n_waited = self._waits.get(id(probe), (0.0, 0))
-            window.add(
-                delta(before, rows, t_before, now, probe.live_rows()),
-                probe.wait_seconds - waited,
-                probe.waits - n_waited,
-            )
-            self._reads[id(probe)] = (rows, now)
-            self._waits[id(probe)] = (probe.wait_seconds, probe.waits)
-        self.totals.merge(window)
-        self._pending.merge(window)
-        self._epoch_totals.merge(window)
-        return window
+    def _window(self) -> None:
+        """What the loading processes did since the last read, added to the run totals."""
+        window = self._loaders.window()
+        for totals in (self.totals, self._pending, self._epoch_totals):
+            totals.merge(window)
 
     def _log(self, trainer: pl.Trainer) -> None:
         metrics = self._pending.metrics(self.prefix)
         self._pending = PipelineTotals()
         self._last_logged_step = trainer.global_step
-        if not metrics or not trainer.is_global_zero:
-            return
-        self.last_metrics = metrics
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-
-    def _write_wandb_summary(self, trainer: pl.Trainer) -> None:
-        runs = [
-            lg.experiment
-            for lg in trainer.loggers
-            if isinstance(lg, classes("loggers.WandbLogger"))
-        ]
-        if not runs:
-            return
-        p = self.prefix
-        summary: dict[str, Any] = {f"{p}{k}": v for k, v in self.totals.metrics("").items()}
-        if self.verdict is not None:
-            summary[f"{p}verdict"] = self.verdict.message
-            summary[f"{p}workers_needed"] = self.verdict.workers_needed
-        summary[f"{p}loader_ceiling_samples_per_sec"] = self.loader_ceiling
-        summary[f"{p}model_ceiling_samples_per_sec"] = self.model_ceiling
-        summary = {k: v for k, v in summary.items() if v is not None}
-        for run in runs:
-            run.summary.update(summary)
-
-    def _close(self, probe: LoaderProbe) -> None:
-        self._waited_closed += probe.next_seconds
-        probe.next_seconds = 0.0
-        probe.restore()
-        self._reads.pop(id(probe), None)
-        self._waits.pop(id(probe), None)
+        if metrics and trainer.is_global_zero:
+            self.last_metrics = metrics
+            log_metrics(trainer, metrics)
 
     def _cleanup(self, trainer: pl.Trainer) -> None:
-        _stages.deactivate()
-        self._unshadow()
-        for probe in self._probes:
-            self._close(probe)
-        self._probes = []
-        self._main_probe = self._main_recorder = None
-
-
-def _fetch_location(dataset: Any) -> str | None:
-    cls = type(dataset)
-    for name in ("__getitems__", "__getitem__", "__iter__"):
-        location = user_code_location(getattr(cls, name, None))
-        if location is not None:
-            return location
-    return None
-
-
-def _fillable(dataset: Any) -> bool:
-    """A CachedDataset (known by its methods: the X-ray does not import the cache's room)."""
-    return callable(getattr(dataset, "fill", None)) and callable(
-        getattr(dataset, "cache_info", None)
-    )
-
-
-def _epoch_row(e: EpochFigures) -> dict[str, Any]:
-    """One epoch of the run's evidence, for the JSON report."""
-    reads = e.hits + e.misses
-    return {
-        "epoch": e.epoch,
-        "seconds": round(e.seconds, 4),
-        "samples": e.samples,
-        "samples_per_sec": round(e.rate, 2),
-        "data_wait_fraction": round(e.wait_fraction, 4),
-        "model_samples_per_sec": round(e.model_rate, 2),
-        "loader_samples_per_sec": None if e.loader_rate is None else round(e.loader_rate, 2),
-        "cache_hit_rate": None if reads == 0 else round(e.hits / reads, 4),
-        "start_seconds": round(e.start_seconds, 4),
-    }
+        self._loaders.close()
 
 
 def _doctor_factory(ctx: DoctorContext) -> DataPipelineProfiler:

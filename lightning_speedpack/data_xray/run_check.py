@@ -15,6 +15,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from lightning_speedpack.core.stages import CACHE_MISS_STAGE
 from lightning_speedpack.data_xray.ceilings import BOUND_MARGIN, Verdict
 from lightning_speedpack.data_xray.pipeline import PipelineTotals
 
@@ -27,6 +28,7 @@ __all__ = [
     "RunVerdict",
     "check_verdict",
     "loader_cores",
+    "slowest_stage",
 ]
 
 #: A run that waits for data less than this share of its training time is not data-bound.
@@ -215,7 +217,11 @@ class RunVerdict:
                 text = f"{head}; from epoch {steady.epochs[0].epoch + 1}: {text}"
             else:
                 text += f" ({filling.label} filled the cache: {filling.seconds:.1f} s)"
-        if self.verdict.bound == "data" and steady is not None:
+        if (
+            self.verdict.bound == "data"
+            and steady is not None
+            and self.verdict.wait_fraction is None
+        ):
             text += f" (the run waited for data {steady.wait_fraction:.0%} of its training time)"
         if self.revisions:
             what = "verdict" if self.probe_bound != self.verdict.bound else "figures"
@@ -231,6 +237,28 @@ def loader_cores(cpus: int, local_ranks: int) -> int:
         (1, 7, 1)
     """
     return max(1, cpus // max(1, local_ranks) - 1)
+
+
+def slowest_stage(totals: PipelineTotals) -> tuple[str, float] | None:
+    """What to make cheaper: the collate function when it costs more than the fetches.
+
+    Else the named stage that costs most per call, the cache's fill excepted (once).
+
+    Example:
+        >>> from lightning_speedpack.data_xray.pipeline import RowDelta
+        >>> t = PipelineTotals()
+        >>> t.add([RowDelta(1, 2.0, 0.5, 50, 0.1, 5, {"decode": (0.2, 50)})])
+        >>> slowest_stage(t)
+        ('decode', 4.0)
+    """
+    if totals.batches > 0 and totals.collate_seconds > totals.fetch_seconds:
+        return COLLATE, 1000.0 * totals.collate_seconds / totals.batches
+    costs = [
+        (name, 1000.0 * seconds / count)
+        for name, (seconds, count) in totals.stages.items()
+        if count > 0 and name != CACHE_MISS_STAGE
+    ]
+    return max(costs, key=lambda c: c[1]) if costs else None
 
 
 def phases(epochs: list[EpochFigures]) -> tuple[Phase | None, Phase]:
@@ -250,8 +278,15 @@ def check_verdict(
     workers: int,
     cached: bool,
     slowest_stage: tuple[str, float] | None = None,
+    loader_seen: bool = True,
 ) -> RunVerdict | None:
     """The probe's verdict checked against the run's epochs; rebuilt where they refute it.
+
+    When no loader figure was measured -- the loader is not a torch DataLoader
+    (``loader_seen=False``: its stages and ceiling cannot be timed), or neither the probe nor
+    the loading processes gave one -- the wait at the fetch decides, at the share that makes a
+    DataLoader run data-bound whatever its ceilings (:data:`DATA_WAIT_MANY`), and no loader
+    figure is given (:func:`_wait_verdict`).
 
     Args:
         probe: the verdict from the ceilings probe (None when it did not run or failed).
@@ -260,6 +295,8 @@ def check_verdict(
         workers: the loader's ``num_workers``.
         cached: whether the training data goes through a cache the X-ray sees.
         slowest_stage: the named stage that costs most per sample, and its ms.
+        loader_seen: False when a training loader is not a torch DataLoader: a loader figure
+            (from the probe or the loading processes) would not be the fit's loader.
 
     Returns None when the run has no epoch with a step (nothing to check against).
 
@@ -275,7 +312,9 @@ def check_verdict(
     if not epochs:
         return None
     filling, steady = phases(epochs)
-    loader, model, revisions = _unrefuted(probe, steady, filling)
+    loader, model, revisions = _unrefuted(probe, steady, filling, loader_seen)
+    if loader is None:
+        return _wait_verdict(probe, model, steady, filling, revisions)
     bound, transfer = _bound(loader, model, steady, workers)
     if probe is not None and bound != probe.bound and not revisions:
         revisions.append(f"the run waited for data {steady.wait_fraction:.0%} of its training time")
@@ -307,15 +346,16 @@ def check_verdict(
 
 
 def _unrefuted(
-    probe: Verdict | None, steady: Phase, filling: Phase | None
+    probe: Verdict | None, steady: Phase, filling: Phase | None, loader_seen: bool = True
 ) -> tuple[float | None, float, list[str]]:
     """The probe's loader and model figures where the run does not refute them, else the run's.
 
     After a cache filled, the loader figure is the warm epochs' own (the probe read it cold).
+    The loader figure is None when nothing measured one (never the run's own pace alone).
     """
     revisions: list[str] = []
     achieved, run_model = steady.rate, steady.model_rate
-    loader = probe.loader_samples_per_sec if probe else None
+    loader = probe.loader_samples_per_sec if probe and loader_seen else None
     model = probe.model_samples_per_sec if probe else None
     if loader is not None and loader < achieved * REFUTED_BELOW:
         where = "fit start" if filling is None else "fit start, cold cache"
@@ -328,9 +368,40 @@ def _unrefuted(
             f"probe: model {model:,.0f} samples/s; the run's steps went at {run_model:,.0f}"
         )
         model = None
-    if loader is None or filling is not None:
-        loader = max(steady.loader_rate or 0.0, achieved) or None
+    measured = steady.loader_rate if loader_seen else None
+    if (loader is None or filling is not None) and measured is not None:
+        loader = max(measured, achieved)
+    elif filling is not None:
+        loader = None
     return loader, run_model if model is None else model, revisions
+
+
+def _wait_verdict(
+    probe: Verdict | None,
+    model: float,
+    steady: Phase,
+    filling: Phase | None,
+    revisions: list[str],
+) -> RunVerdict:
+    """No loader figure: data-bound from :data:`DATA_WAIT_MANY` of the time waiting at the fetch.
+
+    The model figure is the probe's (when the run does not refute it) or the run's own pace
+    while not waiting; the loader figure stays None.
+    """
+    wait = steady.wait_fraction
+    bound = "data" if wait >= DATA_WAIT_MANY else "model"
+    if bound == "model":
+        model = steady.model_rate
+    verdict = Verdict(bound, None, model, warm=filling is not None)
+    verdict.model_spread = steady.spread("model_rate")
+    verdict.wait_fraction, verdict.delivered = wait, steady.rate
+    filling_bound = None
+    if filling is not None:
+        filling_bound = "data" if filling.wait_fraction >= DATA_WAIT_MANY else "model"
+    probe_bound = probe.bound if probe is not None else None
+    if probe_bound in ("data", "model") and probe_bound != bound and not revisions:
+        revisions.append(f"the run waited for data {wait:.0%} of its training time")
+    return RunVerdict(verdict, filling, filling_bound, revisions, steady, probe_bound)
 
 
 def _bound(loader: float | None, model: float, steady: Phase, workers: int) -> tuple[str, bool]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import resource
 import runpy
 import sys
 import time
@@ -29,11 +28,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-from typing_extensions import override
-
-from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
-from lightning_speedpack.core.collectives import bounded_all_reduce, collective_timeout
 from lightning_speedpack.core.lightning import Callback, classes
 from lightning_speedpack.core.registry import (
     Diagnosable,
@@ -41,8 +35,9 @@ from lightning_speedpack.core.registry import (
     DoctorContext,
     registered_diagnostics,
 )
-from lightning_speedpack.core.tables import log_fit_end, log_summary, merge_findings
-from lightning_speedpack.doctor.report import Finding, Report, RunSummary, ordered
+from lightning_speedpack.core.tables import merge_findings
+from lightning_speedpack.doctor.recorder import RunRecorder
+from lightning_speedpack.doctor.report import Finding, Report, ordered
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -60,6 +55,7 @@ TOOLS = (
     "lightning_speedpack.data_xray.profiler",
     "lightning_speedpack.wall_time.callback",
     "lightning_speedpack.what_if.callback",
+    "lightning_speedpack.comm.callback",
 )
 
 
@@ -74,85 +70,6 @@ DEEP_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_DEEP"  # "1": the session is --deep (for 
 ONLY_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_ONLY"  # comma-separated --only names
 FLAGS_ENV = "LIGHTNING_SPEEDPACK_DOCTOR_FLAGS"  # comma-separated opt-in flags ("--what-if")
 _BOOTSTRAP_DIR = str(Path(__file__).with_name("_bootstrap"))
-
-
-class RunRecorder(Callback):
-    """Measures one fit's wall time and the samples it trained on (summed over ranks).
-
-    Also records ``peak_rss_mb``: the peak resident memory of this (rank 0's main) process so
-    far, from ``getrusage``; DataLoader workers are separate processes and not included; and
-    what the run trained on: ``world_size`` (DDP ranks; ``samples`` sums them) and ``device``
-    (the root device's type, ``"cpu"`` or ``"cuda"``).
-
-    The doctor appends it after every diagnostic, so it is the last table source on the
-    Trainer: at the end of fit it logs (rank 0, through the script's own loggers) the
-    summary fields ``speedpack/wall_s`` and ``speedpack/peak_rss_mb``, and then, as the last
-    one, ``speedpack/findings`` with every finding the doctor will print, their counts and every
-    diagnostic's figures (see :mod:`lightning_speedpack.core.tables`).
-    """
-
-    def __init__(self) -> None:
-        self.runs: list[RunSummary] = []
-        self._start = 0.0
-        self._samples = 0
-
-    @override
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._samples = 0
-        self._start = time.perf_counter()
-
-    @override
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        try:
-            self._samples += infer_batch_size(batch)
-        except BatchSizeError:
-            self._samples += 1  # a batch we cannot size counts as one sample
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        wall = time.perf_counter() - self._start
-        samples = self._samples
-        if trainer.world_size > 1 and torch.distributed.is_initialized():  # once per fit
-            total = bounded_all_reduce(
-                torch.tensor([float(samples)], dtype=torch.float64, device=pl_module.device),
-                timeout_s=collective_timeout(),
-                what="speedpack doctor: total samples at the end of fit",
-            )
-            samples = int(total[0].item())
-        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-        self.runs.append(
-            RunSummary(
-                wall_s=wall,
-                samples=samples,
-                samples_per_sec=samples / wall,
-                figures={
-                    "peak_rss_mb": round(peak_rss_mb, 1),
-                    # what the figures were measured on: one page per run, ranks combined
-                    "world_size": trainer.world_size,
-                    "device": trainer.strategy.root_device.type,
-                },
-            )
-        )
-        log_fit_end(trainer, self)
-
-    def log_tables(self, trainer: pl.Trainer) -> None:
-        """Log the last fit's wall time and peak RSS as summary fields (rank 0)."""
-        if self.runs:
-            run = self.runs[-1]
-            log_summary(
-                trainer,
-                {
-                    "speedpack/wall_s": round(run.wall_s, 3),
-                    "speedpack/peak_rss_mb": run.figures.get("peak_rss_mb"),
-                },
-            )
 
 
 @dataclass
@@ -331,6 +248,9 @@ class DoctorSession:
                 if isinstance(callback, Diagnosable):
                     found.extend(_safe_findings(diagnostic, callback))
                     figures.update(callback.doctor_figures())
+            # Under DDP: rank 0's findings and figures read with every rank in view.
+            found = attached.recorder.revise_findings(found)
+            attached.recorder.revise_figures(figures)
             report.findings.extend(ordered(merge_findings(found)))
             for run in attached.recorder.runs:
                 run.figures.update(figures)

@@ -4,6 +4,9 @@ Both layouts (:mod:`lightning_speedpack.core.console`) carry the same content:
 
 - the runs: in a terminal one table turned on its side (a row per figure, a column per run,
   so 20 figures fit 80 columns); in a log ``figure: value`` lines per run;
+- per DDP run, the World table: a row per rank (its own samples/s, data wait, step, wait for
+  the others, hooks, ledger parts) and the spread, max over min, per column (beyond 16 ranks
+  the slowest and fastest few, p50 and p90);
 - per run, where the wall time went and what WhatIf measured (tables when they fit);
 - what the run left out, as one paragraph;
 - the findings, as :func:`~lightning_speedpack.doctor.grouping.presented` (alike ones grouped,
@@ -96,6 +99,7 @@ def _print_runs(console: Console, runs: list[RunSummary]) -> None:
     columns, rows = run_rows(runs)
     print_table(console, "Runs", columns, rows, transpose=True, records_in_log=True)
     for i, run in enumerate(runs):
+        _print_world(console, i, run.figures.get("world"))
         _print_wall_time(console, i, run.figures.get("wall_time"))
         _print_what_if(console, i, run.figures.get("what_if"))
 
@@ -106,7 +110,10 @@ def run_rows(runs: list[RunSummary]) -> tuple[list[str], list[list[Cell]]]:
     Figures that are lists or tables (series, the wall-time ledger) stay in the JSON.
     """
     extra = sorted({k for r in runs for k, v in r.figures.items() if _is_scalar(v)})
-    columns = ["run", "wall s", "samples", "samples/s", *extra]
+    # What `samples` counts when every run counts the same thing: graphs (PyG), batches, ...
+    units = {r.figures.get("sample_unit") or "samples" for r in runs}
+    unit = units.pop() if len(units) == 1 else "samples"
+    columns = ["run", "wall s", unit, f"{unit}/s", *extra]
     rows: list[list[Cell]] = [
         [
             str(i),
@@ -215,6 +222,20 @@ def _print_what_if(console: Console, run: int, what_if: Any) -> None:
     if applied:
         applied_text = ", ".join(f"{k}={v}" for k, v in applied.items())
         print_paragraph(console, f"Applied for the fit: {applied_text}")
+
+
+def _print_world(console: Console, run: int, world: Any) -> None:
+    # Every DDP rank side by side (rank 0 gathered them), and the ranks that did not answer.
+    if not isinstance(world, dict) or not world.get("ranks"):
+        return
+    from lightning_speedpack.world.table import LEGEND, display_table, display_title
+
+    headers, rows = display_table(world)
+    columns = [Column(h, justify="left" if h == "rank" else "right") for h in headers]
+    print_table(console, f"Run {run}: {display_title(world)}", columns, rows)
+    print_paragraph(console, LEGEND)
+    for line in world.get("missing") or []:
+        print_paragraph(console, line)
 
 
 def _print_wall_time(console: Console, run: int, ledger: Any) -> None:

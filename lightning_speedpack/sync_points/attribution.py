@@ -33,6 +33,7 @@ __all__ = [
     "attribute",
     "attribute_frame",
     "framework_fix",
+    "library_calls",
     "library_fix",
     "library_name",
     "matches_allow",
@@ -179,8 +180,111 @@ def library_name(filename: str) -> str:
     return os.path.basename(filename)
 
 
-def library_fix(library: str, kind: str) -> str:
-    """The setting behind a sync inside ``library``."""
+def _qualname(frame: FrameType) -> str:
+    """``Class.method`` or ``function`` of a frame (Python 3.10: from ``self``'s class)."""
+    name = getattr(frame.f_code, "co_qualname", None)
+    if isinstance(name, str):
+        return name
+    owner = frame.f_locals.get("self")
+    name = frame.f_code.co_name
+    return name if owner is None else f"{type(owner).__name__}.{name}"
+
+
+def library_calls(frame: FrameType | None) -> tuple[str, ...]:
+    """The installed libraries' functions on the stack at ``frame``, outermost first.
+
+    From ``frame`` (the innermost library frame, :attr:`Attribution.library`) outward to the
+    first frame that is neither a library's nor skipped (the caller the sync is reported at):
+    qualified names (``"GCNConv.forward"``, ``"gcn_norm"``, ``"add_remaining_self_loops"``).
+    Functions defined inside others (a decorator's ``wrapper``) are left out.
+    """
+    names: list[str] = []
+    f = frame
+    while f is not None:
+        cat = _category(f.f_code.co_filename)
+        if cat == _LIBRARY and "<locals>" not in (name := _qualname(f)):
+            names.append(name)
+        elif cat != _SKIP:
+            break
+        f = f.f_back
+    return tuple(reversed(names))
+
+
+_PYG_POOL = re.compile(r"global_\w+_pool$")
+_PYG_SELF_LOOPS = ("add_self_loops", "add_remaining_self_loops", "remove_self_loops")
+
+
+def _pyg_fix(kind: str, location: str, calls: Sequence[str]) -> str:
+    """PyTorch Geometric's own remedy for a sync inside ``torch_geometric``.
+
+    Decided by the PyG functions on the stack (``calls``, outermost first) and the file the
+    sync happened in (``location``, ``torch_geometric/utils/loop.py:650``).
+    """
+    names = [c.rsplit(".", 1)[-1] for c in calls]
+    file = location.rsplit(":", 1)[0].replace(os.sep, "/").rsplit("/", 1)[-1]
+    conv = next((c.split(".")[0] for c in calls if re.match(r"\w*Conv\.forward$", c)), None)
+    inner = names[-1] if names else ""
+    if "gcn_norm" in names:
+        return (
+            "PyG's GCNConv adds self loops and normalises the graph in every forward "
+            "(gcn_norm -> add_remaining_self_loops masks the edges: a data-dependent size). "
+            "The same graph every step (transductive): GCNConv(..., cached=True). Batches of "
+            "graphs: do it once per graph in the dataset's transform, "
+            "transform=torch_geometric.transforms.GCNNorm() with GCNConv(..., normalize=False) "
+            "given batch.edge_weight, or transform=torch_geometric.transforms."
+            "AddRemainingSelfLoops() with GCNConv(..., add_self_loops=False)"
+        )
+    loops = next((n for n in reversed(names) if n in _PYG_SELF_LOOPS), None)
+    if conv is not None and (loops or file == "loop.py"):
+        return (
+            f"PyG's {conv} handles self loops in every forward ({loops or file} masks the "
+            "edges, a data-dependent size): add them once per graph in the dataset's transform "
+            "(transform=torch_geometric.transforms.AddRemainingSelfLoops()) and build "
+            f"{conv}(..., add_self_loops=False)"
+        )
+    if loops is not None:
+        transform = "".join(w.title() for w in loops.split("_"))
+        return (
+            f"PyG's {loops} masks the edges in every call (a data-dependent size): do it once "
+            f"per graph in the dataset's transform (transform=torch_geometric.transforms."
+            f"{transform}()) instead of in the step"
+        )
+    pool = next((n for n in names if _PYG_POOL.match(n)), None)
+    if pool is not None:
+        return (
+            f"PyG's {pool} counts the graphs with batch.max() + 1 when not told "
+            f"({inner or 'scatter'}, {kind}): pass the count, "
+            f"{pool}(x, batch, size=batch.num_graphs) (or size= the number you know)"
+        )
+    if inner == "scatter" or file == "_scatter.py":
+        return (
+            f"PyG's scatter sizes its output with index.max() + 1 when not told ({kind}): "
+            "pass dim_size= the count you know (batch.num_graphs, x.size(0))"
+        )
+    outer = names[0] if names else "this call"
+    return (
+        f"PyG syncs inside {outer} ({kind}), most often to find a size it was not given: "
+        "pass the sizes you know explicitly (num_nodes=, dim_size=, size=: data.num_nodes, "
+        "batch.num_graphs)"
+    )
+
+
+def library_fix(library: str, kind: str, location: str = "", calls: Sequence[str] = ()) -> str:
+    """The setting behind a sync inside ``library``.
+
+    Args:
+        library: the top-level package (:func:`library_name`).
+        kind: what synced (a key of ``FIXES``).
+        location: the line inside the library (``torch_geometric/utils/loop.py:650``).
+        calls: the library's functions on the stack, outermost first (:func:`library_calls`).
+
+    Example:
+        >>> library_fix("torch_geometric", "masked index", "torch_geometric/utils/loop.py:650",
+        ...             ["GCNConv.forward", "gcn_norm", "add_remaining_self_loops"])
+        "PyG's GCNConv adds self loops ... GCNConv(..., cached=True)... add_self_loops=False)"
+    """
+    if library == "torch_geometric":
+        return _pyg_fix(kind, location, calls)
     if library == "torchmetrics":
         return (
             "a torchmetrics metric called as `self.metric(preds, target)` computes the batch's "

@@ -404,7 +404,11 @@ class SyncPointWarnings(Callback):
                         location=f.location,
                         figures=figures,
                         severity="warning",
-                        fix=library_fix(f.library, f.kind) if f.library else FIXES.get(f.kind),
+                        fix=(
+                            library_fix(f.library, f.kind, f.library_location, f.library_calls)
+                            if f.library
+                            else FIXES.get(f.kind)
+                        ),
                         pays_on=pays_on,
                     )
                 )

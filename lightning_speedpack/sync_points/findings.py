@@ -81,6 +81,8 @@ class SyncFinding:
         origin: ``"user"`` or ``"framework"`` (Lightning's or this pack's own code).
         library: the installed library the sync happened inside (``"torchmetrics"``), or "".
         library_location: the line inside that library (``torchmetrics/x.py:92``), or "".
+        library_calls: the library's functions on the stack, outermost first
+            (``("global_mean_pool", "scatter")``); picks the library's own remedy.
 
     Example:
         >>> f = SyncFinding("item", "train.py", 12, "loss.item()", "training_step", count=6,
@@ -100,6 +102,7 @@ class SyncFinding:
     origin: Origin = "user"
     library: str = ""
     library_location: str = ""
+    library_calls: tuple[str, ...] = ()
 
     @property
     def location(self) -> str:

@@ -24,15 +24,17 @@ import torch
 from typing_extensions import override
 
 from lightning_speedpack.core import events
-from lightning_speedpack.core.batch import infer_batch_size
+from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
+from lightning_speedpack.core.logged_batch_size import unwatch, watch
 from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.throughput import nvml as _nvml
 from lightning_speedpack.throughput.diagnosis import (
     DATA_WAIT_THRESHOLD,
+    batch_size_findings,
     data_wait_findings,
     getitem_location,
 )
@@ -113,8 +115,11 @@ class ThroughputLogger(Callback):
     CPU-only machine through injection only.
 
     Args:
-        batch_size_fn: ``batch -> int`` samples in a batch; default: the first dimension of
-            the batch's first tensor.
+        batch_size_fn: ``batch -> int`` samples in a batch; default: read from the batch
+            (PyG's ``num_graphs``, a ``batch_size`` attribute or TensorDict's, else the first
+            dimension of the first tensor), else the ``batch_size=`` the step gave
+            ``self.log``, else not measured: the rates then count batches and the doctor's
+            report says why, once.
         items_fn: ``batch -> int`` items (tokens, pixels, ...) in a batch, for ``items_per_sec``.
         window: number of recent batches the rates are computed over.
         log_every_n_steps: log every this many optimizer steps; None follows the Trainer's.
@@ -122,6 +127,8 @@ class ThroughputLogger(Callback):
             ``"auto"`` to measure them once. None: no FLOP/s or MFU.
         gpu_stats: sample NVML (``system/gpu/*``) and psutil (``system/*``) statistics.
         prefix: prefix of the throughput keys.
+        strict: (keyword-only) raise ``BatchSizeError`` at the first batch whose size cannot
+            be read, instead of counting batches.
         collective_timeout: (keyword-only) seconds the DDP world combine may wait for the other
             ranks; default ``LIGHTNING_SPEEDPACK_COLLECTIVE_TIMEOUT`` or 300 s, never above the
             process group's timeout. A rank that died or is stuck makes the others raise
@@ -130,6 +137,8 @@ class ThroughputLogger(Callback):
     Raises:
         TypeError: an argument has the wrong type.
         ValueError: ``window``, ``log_every_n_steps`` or ``flops_per_batch`` is out of range.
+        BatchSizeError: (at the first batch, with ``strict=True`` only) the batch's size cannot
+            be read; the message names the argument that supplies it.
 
     Example:
         >>> from pytorch_lightning import Trainer
@@ -153,11 +162,15 @@ class ThroughputLogger(Callback):
         gpu_stats: bool = True,
         prefix: str = "throughput/",
         *,
+        strict: bool = False,
         collective_timeout: float | None = None,
     ) -> None:
         check_args(
             batch_size_fn, items_fn, window, log_every_n_steps, flops_per_batch, gpu_stats, prefix
         )
+        if not isinstance(strict, bool):
+            raise TypeError(f"`strict` must be a bool, got {strict!r}")
+        self.strict = strict
         if collective_timeout is not None:
             collective_timeout = validate_timeout("collective_timeout", collective_timeout)
         self.collective_timeout = collective_timeout
@@ -184,7 +197,9 @@ class ThroughputLogger(Callback):
         self._num_workers: int | None = None
         self._dataset_location: str | None = None
         # Resolved once per fit (setup, on_train_start): the hot path reads only these.
-        self._size_fn: Callable[[Any], int] = _batch_size
+        self._size_fn: Callable[[Any], int] = BatchSizer()
+        self._sizer: BatchSizer | None = None  # the default reader (no batch_size_fn)
+        self._watched: Any = None  # the module whose self.log batch_size is read
         self._items_fn: Callable[[Any], int] | None = None
         self._flops_fn: Callable[[Any], float] | None = None
         self._flops = 0.0  # FLOPs of every batch, when they do not depend on the batch
@@ -217,6 +232,7 @@ class ThroughputLogger(Callback):
         state["_getitem"] = None
         state["_verdicts"] = None
         state["_fetches"] = None
+        state["_watched"] = None
         return state
 
     @override
@@ -252,7 +268,14 @@ class ThroughputLogger(Callback):
         self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_data_verdict)
         self._peak = _device_peak_flops(trainer)
         self._keys = metric_keys(self.prefix)
-        self._size_fn = self.batch_size_fn or _batch_size
+        self._unwatch()
+        self._sizer = None
+        if self.batch_size_fn is not None:
+            self._size_fn = self.batch_size_fn
+        else:  # read from the batch, else from what the step gives self.log
+            self._watched = pl_module
+            self._sizer = BatchSizer(strict=self.strict, logged=watch(pl_module))
+            self._size_fn = self._sizer
         self._items_fn = self.items_fn
         spec = self.flops_per_batch
         self._flops_fn = spec if callable(spec) else None
@@ -364,6 +387,7 @@ class ThroughputLogger(Callback):
         self._stop_sampler()
         self._close_verdicts()
         self._stop_listening(trainer)
+        self._unwatch()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -371,9 +395,15 @@ class ThroughputLogger(Callback):
         self._stop_sampler()
         self._close_verdicts()
         self._stop_listening(trainer)
+        self._unwatch()
 
     def _on_data_verdict(self, verdict: events.DataVerdict) -> None:
         self._data_verdict = verdict
+
+    def _unwatch(self) -> None:
+        module, self._watched = self._watched, None
+        if module is not None:
+            unwatch(module)
 
     def _close_verdicts(self) -> None:
         if self._verdicts is not None:
@@ -390,6 +420,11 @@ class ThroughputLogger(Callback):
             if local is not None:
                 figures = run_figures(local, self._peak, self._world_size)
         figures["samples_per_sec_over_steps"] = [list(p) for p in self._over_steps]
+        sizer = self._sizer
+        if sizer is not None:
+            figures["sample_unit"] = sizer.unit
+            if sizer.not_measured is not None:
+                figures["samples_not_measured"] = sizer.not_measured
         return figures
 
     def doctor_findings(self) -> list[Finding]:
@@ -400,10 +435,12 @@ class ThroughputLogger(Callback):
         decides (:meth:`~lightning_speedpack.core.events.DataVerdict.confirms_data_wait`), so the
         same wait is not reported twice.
         """
+        unsized = batch_size_findings(self._sizer)
         measured = self._data_verdict
         if measured is not None and measured.confirms_data_wait(DATA_WAIT_THRESHOLD) is False:
-            return []
-        return data_wait_findings(self.doctor_figures(), self._num_workers, self._locate_dataset)
+            return unsized
+        figures = self.doctor_figures()
+        return unsized + data_wait_findings(figures, self._num_workers, self._locate_dataset)
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -512,18 +549,6 @@ class ThroughputLogger(Callback):
             self.gpu_stats,
             self._peak,
         )
-
-
-def _batch_size(batch: Any) -> int:
-    # Fast path for the common (inputs, targets) tuple; infer_batch_size handles the rest.
-    # `size(0)` is one C call returning an int (`ndim` + `shape[0]` + `int()` are three).
-    first = batch[0] if type(batch) in (tuple, list) and batch else batch
-    if type(first) is torch.Tensor:
-        try:
-            return first.size(0)
-        except IndexError:  # a 0-d tensor
-            pass
-    return infer_batch_size(batch)
 
 
 register_diagnostic(

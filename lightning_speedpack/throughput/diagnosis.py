@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.locations import user_code_location
 
-__all__ = ["DATA_WAIT_THRESHOLD", "data_wait_findings", "getitem_location"]
+__all__ = ["DATA_WAIT_THRESHOLD", "batch_size_findings", "data_wait_findings", "getitem_location"]
 
 #: More than this fraction of the step time waiting for the next batch is a finding.
 DATA_WAIT_THRESHOLD = 0.2
@@ -56,6 +57,35 @@ def data_wait_findings(
                 f"and/or raise DataLoader(num_workers=...) (now {num_workers}) with "
                 "persistent_workers=True (and pin_memory=True on GPU)"
             ),
+        )
+    ]
+
+
+def batch_size_findings(sizer: BatchSizer | None) -> list[Finding]:
+    """One ``batch-size-not-measured`` info when some batch's size could not be read.
+
+    The run's rates then count batches, not samples; the finding says why and which argument
+    supplies the size.
+
+    Example:
+        >>> sizer = BatchSizer()
+        >>> _ = sizer(object())
+        >>> [(f.id, f.severity, f.figures["unsized_batches"]) for f in batch_size_findings(sizer)]
+        [('batch-size-not-measured', 'info', 1)]
+    """
+    if sizer is None or sizer.not_measured is None:
+        return []
+    return [
+        Finding(
+            component="throughput",
+            id="batch-size-not-measured",
+            message=f"samples/s not measured ({sizer.unsized_batches} batches): "
+            + sizer.not_measured.split(": it has no")[0]
+            + "; the rates count batches",
+            figures={"unsized_batches": sizer.unsized_batches, "sample_unit": sizer.unit},
+            severity="info",
+            fix="log the size with `self.log(..., batch_size=n)` in training_step, or pass "
+            "`ThroughputLogger(batch_size_fn=lambda batch: ...)` (strict=True raises instead)",
         )
     ]
 

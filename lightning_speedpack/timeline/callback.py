@@ -53,6 +53,8 @@ class StepTimeline(Callback):
                                     ``on_before_batch_transfer``, ``transfer_batch_to_device``
                                     (the default or your own) and ``on_after_batch_transfer``
     ``speedpack/training_step``     ``on_train_batch_start`` to the next phase: the forward pass
+                                    (reopened inside ``optimizer.step``'s own range, so that on
+                                    a GPU timeline the forward's kernels are drawn under it)
     ``speedpack/zero_grad``         ``on_before_zero_grad`` to ``on_before_backward``
     ``speedpack/backward``          ``on_before_backward`` to ``on_after_backward``
     ``speedpack/optimizer_step``    ``on_before_optimizer_step`` to the end of the optimizer's
@@ -107,8 +109,12 @@ class StepTimeline(Callback):
                                          CUDA device the run trains on (``pin_memory=True``),
                                          else 0
     ``data/h2d_gb_per_sec``              CUDA only: that batch's bytes over the device time
-                                         between two CUDA events recorded around
-                                         ``batch_to_device``, logged at the first log after
+                                         between two CUDA events recorded around Lightning's
+                                         whole ``batch_to_device`` (every tensor of the batch,
+                                         ``on_after_batch_transfer``, and host time before the
+                                         copy is enqueued while the device idles: a callback
+                                         has no hook closer to the copy), so a lower bound on
+                                         the copy's own rate; logged at the first log after
                                          the end event completed (``query()``: no added sync)
     ===================================  ==========================================================
 
@@ -285,6 +291,7 @@ class StepTimeline(Callback):
         self._training = True
         self._watch_transfer(trainer)
         for optimizer in trainer.optimizers:
+            self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
         if self._sync_always:
             self._listen()
@@ -328,6 +335,15 @@ class StepTimeline(Callback):
     ) -> None:
         if self._in_batch:
             self._enter("optimizer_step")
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # Lightning runs ``training_step`` as the closure of ``optimizer.step``, inside the
+        # ``Optimizer.step#...`` range torch opens around the step hooks: the forward's kernels
+        # would be that range's on a GPU timeline (Kineto draws each kernel under the innermost
+        # range). Reopening ``training_step`` here puts it innermost again; the clock goes on.
+        # (NVTX ranges are not reopened: Nsight draws a thread's ranges by time.)
+        if self._in_batch and not self._manual and self._clock.current == "training_step":
+            self._ranges.renew(_RANGE["training_step"])  # the profiler's only: NVTX as is
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._in_batch and self._clock.current == "optimizer_step":

@@ -68,6 +68,24 @@ class RangeStack:
             if self.nvtx is not None:
                 self.nvtx.pop()
 
+    def renew(self, name: str) -> None:
+        """Close and reopen the innermost range's profiler ``record_function`` as ``name``.
+
+        The NVTX range stays as it is: only a ``torch.profiler`` trace sees two ranges. For a
+        range that must be innermost again after someone else opened one inside it (torch's
+        ``Optimizer.step#...`` around a closure that runs the forward).
+        """
+        if not self._open:
+            return
+        rf = self._open[-1]
+        if rf is not None:
+            rf.__exit__(None, None, None)
+        renewed: record_function | None = None
+        if self.profiler and _profiler_enabled():
+            renewed = record_function(name)
+            renewed.__enter__()  # type: ignore[no-untyped-call]
+        self._open[-1] = renewed
+
     def pop_to(self, depth: int) -> None:
         """Close ranges until ``depth`` remain open."""
         while len(self._open) > depth:

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 import torch
 
+from lightning_speedpack.core.batch import batch_bytes
 from lightning_speedpack.core.events import BatchTransfer
-from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.profiler_tap import TRAIN_FETCH
 from lightning_speedpack.timeline.phases import PhaseTotals
 
@@ -83,18 +83,6 @@ def action_kind(name: str) -> str:
     if name.endswith(_BEFORE_SUFFIX) and name.startswith(_BEFORE_PREFIXES):
         return BEFORE
     return ""
-
-
-def batch_bytes(batch: Any) -> int:
-    """Bytes of every tensor in ``batch`` (nested dicts, lists, tuples, dataclasses).
-
-    Shapes and dtypes only: reading them never synchronises with the device.
-
-    Example:
-        >>> batch_bytes({"x": torch.zeros(4, 3), "meta": [torch.zeros(2, dtype=torch.int64), "id"]})
-        64
-    """
-    return sum(t.nelement() * t.element_size() for t in leaves(batch, torch.Tensor))
 
 
 def loader_pins(loaders: Iterable[Any], device: torch.device) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, Subset
 
+from lightning_speedpack.core.batch import batch_bytes
 from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.data_xray.ceilings import loader_ceiling
 
@@ -173,11 +174,6 @@ class WorkerMemory:
     available_bytes: int
     shm_free_bytes: int | None
     batch_bytes: int
-
-
-def batch_bytes(batch: Any) -> int:
-    """Tensor bytes in a (nested) batch."""
-    return sum(t.numel() * t.element_size() for t in leaves(batch, torch.Tensor))
 
 
 def children() -> set[int]:

@@ -228,12 +228,12 @@ def _fused(trainer: pl.Trainer, _module: Any) -> Iterator[Setup]:
 
 
 @contextmanager
-def _flag(set_flag: Callable[[bool], bool]) -> Iterator[Setup]:
+def _flag(set_flag: Callable[[Any], Any]) -> Iterator[Setup]:
     before = set_flag(True)
     try:
         yield Setup()
     finally:
-        set_flag(before)
+        set_flag(before)  # exactly what it was: each flag it set, not one value for all
 
 
 def set_cudnn_benchmark(value: bool) -> bool:
@@ -243,22 +243,40 @@ def set_cudnn_benchmark(value: bool) -> bool:
     return before
 
 
-def set_tf32(value: bool) -> bool:
-    """Allow (or not) TF32 in matmuls and cuDNN convolutions; return whether matmuls had it."""
-    before = bool(torch.backends.cuda.matmul.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = value
-    torch.backends.cudnn.allow_tf32 = value
+def set_tf32(value: bool | tuple[bool, bool]) -> tuple[bool, bool]:
+    """Allow (or not) TF32 in matmuls and cuDNN convolutions; return both flags as they were.
+
+    ``value`` is one bool for both, or the ``(matmul, cudnn)`` pair this returned, to put back
+    exactly what was there: PyTorch's defaults differ (matmuls off, cuDNN convolutions on), and
+    putting back one value for both once turned a user's TF32 convolutions off for the whole fit
+    (1.9x slower on ResNet-18 on an H200, found by ``make gpu-check``).
+
+    Example:
+        >>> before = set_tf32(True)
+        >>> set_tf32(before) == (True, True)
+        True
+        >>> set_tf32(before) == before
+        True
+    """
+    before = (
+        bool(torch.backends.cuda.matmul.allow_tf32),
+        bool(torch.backends.cudnn.allow_tf32),
+    )
+    matmul, cudnn = (value, value) if isinstance(value, bool) else value
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    torch.backends.cudnn.allow_tf32 = cudnn
     return before
 
 
-def _flag_why_not(setter: Callable[[bool], bool]) -> Callable[[Any, Any, Any], str | None]:
+def _flag_why_not(setter: Callable[[Any], Any]) -> Callable[[Any, Any, Any], str | None]:
     def why_not(trainer: pl.Trainer, _module: Any, _batch: Any) -> str | None:
         reason = _cuda_only(trainer)
         if reason is not None:
             return reason
         now = setter(True)
         setter(now)
-        return "on already" if now else None
+        on = all(now) if isinstance(now, tuple) else bool(now)
+        return "on already" if on else None
 
     return why_not
 

@@ -18,6 +18,7 @@ from lightning_speedpack.core.collectives import (
     ENV_TIMEOUT,
     CollectiveTimeoutError,
     bounded_all_reduce,
+    bounded_gather_bytes,
     collective_timeout,
     validate_timeout,
 )
@@ -152,3 +153,48 @@ def _pg_cap(tmp: str) -> float:
 @pytest.mark.timeout(120)
 def test_the_process_group_timeout_caps_the_pack_timeout(tmp_path: Path) -> None:
     assert run_ddp(_pg_cap, str(tmp_path), timeout=100) == [5.0, 5.0]
+
+
+# ------------------------------------------------------------------ gather to rank 0, bounded
+
+
+def test_gather_without_a_process_group_is_this_ranks_own() -> None:
+    gathered = bounded_gather_bytes(b"abc", timeout_s=1)
+    assert gathered is not None
+    assert (gathered.payloads, gathered.missing) == ({0: b"abc"}, {})
+    with pytest.raises(TypeError, match="`payload` must be bytes, got str"):
+        bounded_gather_bytes("abc", timeout_s=1)  # type: ignore[arg-type]
+
+
+def _rank_gathers(tmp: str) -> Any:
+    """Rank 0 gathers; rank 1 sends 100 kB; rank 2 never sends (stuck until rank 0 is done)."""
+    rank = int(os.environ["RANK"])
+    done = Path(tmp, "rank0-done")
+    _init()
+    try:
+        if rank == 2:
+            _wait_for(done)
+            return None
+        payload = bytes(range(256)) * 400 if rank == 1 else b'{"rank": 0}'
+        start = time.monotonic()
+        gathered = bounded_gather_bytes(payload, timeout_s=3)
+        if rank == 1:
+            return gathered
+        done.touch()
+        assert gathered is not None
+        return gathered.payloads, gathered.missing, time.monotonic() - start
+    finally:
+        if rank != 0:
+            dist.destroy_process_group()
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(120)
+def test_gather_names_the_rank_that_did_not_answer_and_keeps_the_others(tmp_path: Path) -> None:
+    (payloads, missing, seconds), on_rank_1, _ = run_ddp(
+        _rank_gathers, str(tmp_path), world_size=3, timeout=100
+    )
+    assert on_rank_1 is None  # only rank 0 gathers
+    assert payloads == {0: b'{"rank": 0}', 1: bytes(range(256)) * 400}
+    assert missing == {2: "rank 2: no answer in 3 s"}
+    assert seconds < 30  # bounded: about the timeout, never the process group's 30 min

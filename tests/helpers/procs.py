@@ -190,8 +190,10 @@ def kill_sessions(
 
 
 #: Children that may outlive a test, shared by the whole pytest session: W&B's service process,
-#: and multiprocessing's resource tracker and forkserver (one each, started on first use).
-SHARED_CHILDREN = ("wandb", "resource_tracker", "forkserver")
+#: multiprocessing's resource tracker and forkserver (one each, started on first use), and
+#: OpenMPI's singleton daemon `orted`, started once when Lightning's MPI detection imports
+#: mpi4py where it is installed (the GPU machine's image): killing it ends the session badly.
+SHARED_CHILDREN = ("wandb", "resource_tracker", "forkserver", "orted")
 
 
 def own_children() -> dict[int, psutil.Process]:

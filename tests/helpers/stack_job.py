@@ -8,7 +8,9 @@ reads the data that ``tests/helpers/stacks.py`` built (``--data DIR``)::
     python stack_job.py --stack tensor --data DIR --workers 2 --persistent --out ids.json
 
 It trains a ``Linear(8, 1)`` for ``--epochs`` epochs on one of the stacks (see
-``stacks.STACKS``), writes ``{"epochs": [[ids of epoch 0...], ...], ...}`` to ``--out``, and
+``stacks.STACKS``; the ``pyg`` stack trains the graph classifier of PyTorch Geometric's docs,
+two ``GCNConv`` and ``global_mean_pool``, on one small graph per sample, its id a graph-level
+attribute), writes ``{"epochs": [[ids of epoch 0...], ...], ...}`` to ``--out``, and
 prints its own results on lines that start with ``JOB:`` (the doctor's report, printed at the
 end, is not part of the job's output). Only the real training steps count: the Lightning loop
 calls ``on_train_batch_start`` before each of them, which a ``training_step`` called by anything
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,51 @@ def to_tensors(sample: tuple[int, np.ndarray]) -> tuple[torch.Tensor, torch.Tens
 def arrays(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
     found = np.load(data / "samples.npz")
     return torch.from_numpy(found["ids"]), torch.from_numpy(found["x"])
+
+
+def graphs(ids: torch.Tensor, x: torch.Tensor) -> list[Any]:
+    """One small graph per sample, as PyG's examples build theirs: ``4 + i % 5`` nodes in a ring
+    (both directions) with a self loop on node 0, node features ``x[i]`` shifted per node, class
+    ``i % 3``; the sample's id is a graph-level attribute (``batch.id``: one per graph)."""
+    from torch_geometric.data import Data
+
+    out = []
+    for sample_id, features in zip(ids, x, strict=True):
+        i = int(sample_id)
+        n = 4 + i % 5
+        ring = torch.arange(n)
+        loop = torch.zeros(1, dtype=torch.int64)
+        edges = torch.stack(
+            [torch.cat([ring, (ring + 1) % n, loop]), torch.cat([(ring + 1) % n, ring, loop])]
+        )
+        nodes = features.repeat(n, 1) + 0.1 * ring[:, None].float()
+        out.append(Data(x=nodes, edge_index=edges, y=torch.tensor([i % 3]), id=sample_id.view(1)))
+    return out
+
+
+class SlowDecode(TensorDataset):
+    """A ``TensorDataset`` whose items take 4 ms each to "decode": the loader, not the model,
+    sets the pace (a job planted data-bound)."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        time.sleep(0.004)
+        return super().__getitem__(index)
+
+
+def nodes_loader(data: Path, workers: int) -> Any:
+    """A ``torchdata.nodes`` pipeline as its docs build one: a shuffled sampler, the dataset's
+    items mapped in ``workers`` threads (in order; 0: in line), batched (the last one partial),
+    collated and prefetched, in a ``Loader``."""
+    from torch.utils.data import RandomSampler, default_collate
+    from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper, Prefetcher, SamplerWrapper
+
+    dataset = SlowDecode(*arrays(data))
+    node: Any = SamplerWrapper(RandomSampler(dataset))
+    node = ParallelMapper(node, map_fn=dataset.__getitem__, num_workers=workers, method="thread")
+    node = Batcher(node, batch_size=BATCH_SIZE, drop_last=False)
+    node = Mapper(node, default_collate)
+    node = Prefetcher(node, prefetch_factor=2)
+    return Loader(node)
 
 
 def webdataset_stream(data: Path) -> Any:
@@ -134,21 +182,50 @@ def make_loader(args: argparse.Namespace) -> Any:
             local=str(data / "mds"), batch_size=BATCH_SIZE, shuffle=False
         )
         return DataLoader(dataset, **loader_kwargs)
+    if stack == "pyg":
+        from torch_geometric.loader import DataLoader as GraphLoader
+
+        return GraphLoader(graphs(*arrays(data)), shuffle=True, **loader_kwargs)
+    if stack == "nodes":
+        return nodes_loader(data, args.workers)
     raise SystemExit(f"unknown --stack {stack!r}")
 
 
 def ids_and_x(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sample ids and the features of a batch of any stack (a dict or an (ids, x) pair)."""
+    """The sample ids and the features of a batch of any stack (a dict, an (ids, x) pair, or a
+    PyG ``Batch``: its graphs' ids and node features)."""
+    if hasattr(batch, "num_graphs"):
+        return batch.id, batch.x
     if isinstance(batch, dict):
         return batch["id"], batch["x"]
     return batch[0], batch[1]
 
 
-def make_module(pl: Any) -> Any:
+def graph_classifier() -> torch.nn.Module:
+    """The model of PyG's graph-classification examples: two ``GCNConv``, ``global_mean_pool``
+    and a linear head over 3 classes."""
+    from torch_geometric.nn import GCNConv, global_mean_pool
+
+    class GNN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = GCNConv(8, 16)
+            self.conv2 = GCNConv(16, 16)
+            self.head = torch.nn.Linear(16, 3)
+
+        def forward(self, b: Any) -> torch.Tensor:
+            h = self.conv1(b.x, b.edge_index).relu()
+            h = self.conv2(h, b.edge_index).relu()
+            return self.head(global_mean_pool(h, b.batch))
+
+    return GNN()
+
+
+def make_module(pl: Any, stack: str = "") -> Any:
     class Job(pl.LightningModule):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:
             super().__init__()
-            self.layer = torch.nn.Linear(8, 1)
+            self.layer = graph_classifier() if stack == "pyg" else torch.nn.Linear(8, 1)
             self.epochs: list[list[int]] = []
             self.other_training_step_calls = 0
             self._real_step = False
@@ -168,6 +245,10 @@ def make_module(pl: Any) -> Any:
             else:
                 self.other_training_step_calls += 1
             self._real_step = False
+            if stack == "pyg":
+                loss = torch.nn.functional.cross_entropy(self.layer(batch), batch.y)
+                self.log("train_loss", loss, batch_size=batch.num_graphs)
+                return loss
             return self.layer(x.float()).pow(2).mean()
 
         def on_train_end(self) -> None:
@@ -211,7 +292,7 @@ def main() -> None:
 
     pl.seed_everything(0, workers=True)
     loader = make_loader(args)
-    model = make_module(pl)
+    model = make_module(pl, args.stack)
     callbacks = []
     for name in filter(None, args.callbacks.split(",")):
         if name == "profiler":

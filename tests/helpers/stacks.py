@@ -2,7 +2,8 @@
 
 A *stack* is one way a training job reads its data (a map-style ``TensorDataset``, a stream in
 ``CachedDataset``, WebDataset shards, a Hugging Face ``datasets.Dataset``, LitData, MosaicML
-``streaming``). Each reads one of a few small *data kinds* built on disk before the jobs run:
+``streaming``, PyTorch Geometric's ``DataLoader`` over small graphs, a ``torchdata.nodes``
+pipeline). Each reads one of a few small *data kinds* built on disk before the jobs run:
 
 =========  ===============================================================================
 kind       what :func:`build` writes under the data directory
@@ -74,9 +75,12 @@ class Stack:
         kind: the data kind it reads (see the module docstring).
         map_style: the DataLoader samples indices (a shuffled sampler): the exact order of the
             samples is part of the contract, not only their multiset.
-        requires: top-level modules the stack imports (the test skips when one is missing).
+        requires: modules the stack imports (the test skips, naming it, when one is missing).
         stub: the job needs the torchvision stub on ``PYTHONPATH``.
         spawn: the grid also runs it with ``multiprocessing_context="spawn"`` workers.
+        judged: the doctor's verdict on the job is checked against the wait its run measured.
+        planted: what the job is written to be bound by (``"data"``: its loader sets the pace;
+            ``"model"``), checked against the measured wait too; or ``None``.
     """
 
     name: str
@@ -85,11 +89,17 @@ class Stack:
     requires: tuple[str, ...] = ()
     stub: bool = False
     spawn: bool = False
+    judged: bool = False
+    planted: str | None = None
 
     def missing(self) -> str | None:
-        """The first required module that is not installed, or ``None``."""
+        """The first required module (or submodule) that is not installed, or ``None``."""
         for module in self.requires:
-            if importlib.util.find_spec(module) is None:
+            try:
+                found = importlib.util.find_spec(module)
+            except ImportError:  # a parent package is missing
+                found = None
+            if found is None:
                 return module
         return None
 
@@ -107,6 +117,17 @@ STACKS = {
         Stack("hf_cached", "hf", map_style=True, requires=("datasets",)),
         Stack("litdata", "litdata", map_style=False, requires=("litdata",)),
         Stack("mosaic", "mosaic", map_style=False, requires=("streaming",), stub=True),
+        # PyG's DataLoader over one small graph per sample (a torch DataLoader, shuffled).
+        Stack("pyg", "arrays", map_style=True, requires=("torch_geometric",), judged=True),
+        # torchdata.nodes: a shuffled sampler, items mapped in threads in order, 4 ms per item.
+        Stack(
+            "nodes",
+            "arrays",
+            map_style=True,
+            requires=("torchdata.nodes",),
+            judged=True,
+            planted="data",
+        ),
     )
 }
 
@@ -158,15 +179,18 @@ def plain_command(args: list[str]) -> list[str]:
     return [sys.executable, str(JOB_SCRIPT), *args]
 
 
-def pack_command(mode: str, args: list[str]) -> list[str]:
+def pack_command(mode: str, args: list[str], report: Path | str | None = None) -> list[str]:
     """The same job under the pack in ``mode`` (one of :data:`MODES`).
 
     ``speedpack doctor`` is ``python -m lightning_speedpack doctor`` (``lightning_speedpack/
     __main__.py`` calls ``doctor.cli.main``, the function behind the ``speedpack`` console
     script; ``doctor/cli.py`` itself has no ``__main__`` guard). The job's arguments follow
-    the script as a user types them (none of them is the doctor's ``--json``).
+    the script as a user types them (none of them is the doctor's ``--json``). ``report``: the
+    doctor also writes its JSON report there (``--json``; the doctor's modes only).
     """
     doctor = [sys.executable, "-m", "lightning_speedpack", "doctor"]
+    if report is not None and mode != "profiler":
+        doctor += ["--json", str(report)]
     if mode == "doctor":
         return [*doctor, str(JOB_SCRIPT), *args]
     if mode == "deep":

@@ -437,3 +437,28 @@ def test_docstring_examples_run(clean_state: None) -> None:
         assert result.failed == 0
         attempted += result.attempted
     assert attempted >= 9
+
+
+def test_setting_the_debug_mode_hides_torchs_prototype_warning(clean_state: None) -> None:
+    """torch 2.11 warns each time the mode is set (seen on an H200); the pack's own use is quiet."""
+    modes: list[Any] = [0]
+
+    def set_mode(mode: Any) -> None:
+        warnings.warn(
+            "Synchronization debug mode is a prototype feature and does not yet detect all "
+            "synchronizing operations",
+            UserWarning,
+            stacklevel=1,
+        )
+        modes.append(mode)
+
+    det = SyncDetector(sync_debug=(lambda: modes[-1], set_mode))
+    det.install()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a job run with -W error
+            det.arm(step=0)
+            det.disarm()
+    finally:
+        det.uninstall()
+    assert modes == [0, "warn", 0]

@@ -324,17 +324,63 @@ def test_batch_size_fn_items_fn_and_flops(tmp_path: Path, monkeypatch: pytest.Mo
     assert m[f"{P}samples"] == 32
 
 
-def test_unsizable_batch_has_a_clear_error(tmp_path: Path) -> None:
-    class DictModel(BoringModel):
-        def train_dataloader(self) -> Any:
-            return DataLoader([{"name": "a"}] * 4, batch_size=2)
+class _NamesModel(BoringModel):
+    """Batches of strings: nothing in them says the batch's size."""
 
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            return self.layer(torch.randn(2, 32)).sum()
+    def __init__(self, log_batch_size: bool = False) -> None:
+        super().__init__()
+        self.log_batch_size = log_batch_size
 
-    trainer = _trainer(tmp_path, ThroughputLogger(gpu_stats=False), max_steps=2)
-    with pytest.raises(TypeError, match=r"pass `batch_size_fn=lambda batch: \.\.\.`"):
-        trainer.fit(DictModel())
+    def train_dataloader(self) -> Any:
+        return DataLoader([{"name": "a"}] * 12, batch_size=3)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = self.layer(torch.randn(3, 32)).sum()
+        if self.log_batch_size:
+            self.log("loss", loss, batch_size=len(batch["name"]))
+        return loss
+
+
+def test_unsizable_batch_is_not_measured_and_the_fit_goes_on(tmp_path: Path) -> None:
+    callback = ThroughputLogger(gpu_stats=False, log_every_n_steps=1)
+    model = _NamesModel()
+    _trainer(tmp_path, callback, max_steps=4).fit(model)
+    assert model.global_step == 4
+    figures = callback.doctor_figures()
+    assert figures["sample_unit"] == "batches"
+    assert "cannot infer the batch size of a dict" in figures["samples_not_measured"]
+    [finding] = [f for f in callback.doctor_findings() if f.id == "batch-size-not-measured"]
+    assert finding.severity == "info"
+    assert finding.figures["unsized_batches"] == 4
+    assert "batch_size_fn" in (finding.fix or "")
+    assert "self.log" in (finding.fix or "")
+    assert "log" not in vars(model)  # the self.log reader is gone after the fit
+
+
+def test_strict_raises_at_the_first_batch_with_the_fix(tmp_path: Path) -> None:
+    model = _NamesModel()
+    trainer = _trainer(tmp_path, ThroughputLogger(gpu_stats=False, strict=True), max_steps=2)
+    with pytest.raises(TypeError, match=r"batch_size_fn=lambda batch: \.\.\."):
+        trainer.fit(model)
+    assert model.global_step == 1  # raised at the end of the first batch
+    assert "log" not in vars(model)
+
+
+def test_strict_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="`strict` must be a bool, got 'yes'"):
+        ThroughputLogger(strict="yes")  # type: ignore[arg-type]
+
+
+def test_the_batch_size_given_to_self_log_is_used(tmp_path: Path) -> None:
+    logger = MemoryLogger()
+    callback = ThroughputLogger(gpu_stats=False, log_every_n_steps=4, strict=True)
+    model = _NamesModel(log_batch_size=True)
+    _trainer(tmp_path, callback, max_steps=4, logger=logger).fit(model)
+    figures = callback.doctor_figures()
+    assert figures["sample_unit"] == "samples"
+    assert "samples_not_measured" not in figures
+    assert logger.rows[-1][1][f"{P}samples"] == 12  # 4 batches of 3, as the step told self.log
+    assert "log" not in vars(model)
 
 
 def test_auto_flops_measures_one_real_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

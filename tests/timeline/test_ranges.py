@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -81,3 +84,34 @@ def test_resolve_nvtx_with_cuda_uses_torch_cuda_nvtx(monkeypatch: pytest.MonkeyP
     assert table.push is torch.cuda.nvtx.range_push
     assert table.pop is torch.cuda.nvtx.range_pop
     assert table.mark is torch.cuda.nvtx.mark
+
+
+def test_training_step_range_is_innermost_inside_the_optimizer_step(tmp_path: Path) -> None:
+    """Lightning runs ``training_step`` as ``optimizer.step``'s closure, inside torch's
+    ``Optimizer.step#SGD.step`` range: the forward's ops must fall in a ``training_step`` range
+    opened inside that one, or a GPU timeline (innermost range per kernel) draws them as the
+    optimizer's."""
+    from pytorch_lightning import Trainer
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    from lightning_speedpack.timeline import StepTimeline
+    from tests.helpers.models import quiet_trainer_kwargs
+
+    trainer = Trainer(callbacks=[StepTimeline()], **quiet_trainer_kwargs(tmp_path, max_steps=3))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.fit(BoringModel())
+    events = list(prof.events())
+    steps = [e for e in events if e.name.startswith("Optimizer.step#SGD.step")]
+    ranges = [e for e in events if e.name == "speedpack/training_step"]
+    forward = [e for e in events if e.name in ("aten::linear", "aten::addmm")]
+    assert len(steps) == 3, [e.name for e in steps]
+
+    def inside(inner: Any, outer: Any) -> bool:
+        return outer.time_range.start <= inner.time_range.start <= outer.time_range.end
+
+    for step in steps:
+        in_step = [r for r in ranges if inside(r, step)]
+        assert len(in_step) == 1, (step.time_range, [r.time_range for r in ranges])
+        ops = [op for op in forward if inside(op, step)]
+        assert ops
+        assert all(inside(op, in_step[0]) for op in ops)

@@ -3,9 +3,10 @@
 Made from the JSON report alone (``Report.to_dict()``), so a page can be made again from an
 archived ``--json`` file. Sections: a header (script, date, device and world size when the
 report carries them, run count), a summary strip (samples/s, wall time, data wait, top
-finding), then throughput, step phases, data pipeline, wall time, what-if, sync points,
-retained graphs, every finding with its fix, and every figure. A report with no run (the
-script failed before a fit ended) still gets a page with its findings.
+finding), then the world (DDP ranks side by side), throughput, step phases, data pipeline,
+wall time, what-if, sync points, retained graphs, every finding with its fix, and every
+figure. A report with no run (the script failed before a fit ended) still gets a page with
+its findings.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def header(
         items.append(("device", device))
     world = _first(sources, _WORLD_KEYS)
     if world is not None:
-        items.append(("world size", f"{world} (figures of rank 0; samples/s of the world)"))
+        ranks = any(isinstance((r.get("figures") or {}).get("world"), dict) for r in runs)
+        note = "every rank in World; other figures" if ranks else "figures"
+        items.append(("world size", f"{world} ({note} of rank 0; samples/s of the world)"))
     items.append(count or ("runs", len(runs)))
     meta = "".join(f"<div><dt>{esc(k)}</dt><dd>{esc(v)}</dd></div>" for k, v in items)
     return f'<header class="page"><h1>{esc(title)}</h1><dl class="meta">{meta}</dl></header>'
@@ -89,9 +92,10 @@ def _summary(report: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     if runs:
         run = runs[-1]
         figures = run.get("figures") or {}
-        tiles.append(_tile("samples/s", fmt(run.get("samples_per_sec"))))
+        unit = str(figures.get("sample_unit") or "samples")  # graphs (PyG), batches, ...
+        tiles.append(_tile(f"{unit}/s", fmt(run.get("samples_per_sec"))))
         tiles.append(_tile("wall time", f"{fmt(run.get('wall_s'))} s"))
-        tiles.append(_tile("samples", fmt(run.get("samples"))))
+        tiles.append(_tile(unit, fmt(run.get("samples"))))
         wait = figures.get("data_wait_fraction")
         if is_number(wait):
             tiles.append(_tile("data wait", f"{wait:.0%} of each step"))
@@ -173,6 +177,14 @@ def render_report_page(report: dict[str, Any]) -> str:
                     table(["run", "wall s", "samples", "samples/s"], rows, [0, 1, 2, 3]),
                 )
             )
+        body.append(
+            _block(
+                "world",
+                "World",
+                _per_run(runs, sections.world),
+                "Every DDP rank's own figures, gathered by rank 0 at the end of fit.",
+            )
+        )
         body.append(_block("throughput", "Throughput", _per_run(runs, sections.throughput)))
         body.append(
             _block(

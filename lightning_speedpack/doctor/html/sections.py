@@ -23,6 +23,7 @@ __all__ = [
     "throughput",
     "wall_time",
     "what_if",
+    "world",
 ]
 
 SERIES = "samples_per_sec_over_steps"
@@ -279,3 +280,25 @@ def what_if(run: dict[str, Any], projection: Sequence[dict[str, Any]] = ()) -> s
     for finding in projection:
         out.append(f'<p class="projection">{esc(finding.get("message"))}</p>')
     return "".join(out)
+
+
+def world(run: dict[str, Any], index: int) -> str:
+    """Every DDP rank side by side (the text report's World table), then every rank's figures."""
+    data = _figures(run).get("world")
+    if not isinstance(data, dict) or not data.get("ranks"):
+        return ""
+    from lightning_speedpack.world.table import LEGEND, display_table, display_title, logged_table
+
+    headers, rows = display_table(data)
+    out = f'<p class="muted">{esc(display_title(data))}. {esc(LEGEND)}.</p>'
+    out += table(headers, rows, range(1, len(headers)), "world")
+    missing = data.get("missing") or []
+    if missing:
+        out += "<ul>" + "".join(f"<li>{esc(line)}</li>" for line in missing) + "</ul>"
+    columns, full = logged_table(data)
+    shown = {row[0] for row in rows}  # beyond 16 ranks, those the table shows
+    full = [row for row in full if str(row[0]) in shown]
+    turned = [[c, *(row[i] for row in full)] for i, c in enumerate(columns)]
+    ranks = [f"rank {row[0]}" for row in full]
+    every = table(["figure", *ranks], turned, range(1, len(ranks) + 1), "world-figures")
+    return out + details("Every figure of every rank shown", every)

@@ -1,0 +1,249 @@
+"""One planted 2-rank DDP run for ``benchmarks/world_zoo.py``: run it under ``speedpack doctor``.
+
+``--case`` picks the run; each is a plain Lightning script (an MLP of about 1 ms a step on
+in-memory random data, gloo on the CPU, one torch thread a rank, batch 8, SGD, 2 epochs of 32
+batches a rank: 512 samples dealt out by Lightning's ``DistributedSampler``), with no progress
+bar, logger or checkpoint, one cause of a slow or uneven world planted as a user would write it,
+and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp")`` unless said.
+
+- ``clean``: nothing planted.
+- ``clean-sync-epoch``: ``self.log(..., sync_dist=True, on_step=False, on_epoch=True)`` of 6
+  values in every step: reduced once an epoch, not a finding.
+- ``slow-data``: rank 1's dataset sleeps 4 ms a sample (``num_workers=0``).
+- ``slow-step``: rank 1's ``training_step`` sleeps 30 ms.
+- ``find-unused``: ``strategy="ddp_find_unused_parameters_true"``, every parameter used.
+- ``sync-dist-step``: ``self.log(..., sync_dist=True)`` of 6 values every step (on_step).
+- ``moving-data``: 8 ms a sample on the samples that Lightning's ``DistributedSampler``
+  (shuffle, seed 0) deals to rank 0 in epoch 0 and to rank 1 in epoch 1 (a quarter of the
+  data): rank 0 is slow in epoch 0, rank 1 in epoch 1.
+- ``big-batch``: rank 1's loader has batch 16, rank 0's batch 8 (1024 samples, so each rank's
+  shard has 512; ``limit_train_batches=32`` keeps the ranks in step, as DDP needs).
+- ``uneven-batches``: ``use_distributed_sampler=False`` and a sampler of the user's own that
+  gives rank 0 256 samples and rank 1 320 an epoch (32 and 40 batches of 8); ``max_steps=64``
+  ends the fit on both ranks after the same number of steps (DDP needs as many steps on every
+  rank), so rank 0 starts its second epoch while rank 1 is still in its first.
+- ``two-nodes``: for ``torchrun --nnodes 2 --nproc-per-node 1`` (``devices=1, num_nodes=2``):
+  the rank on node 1 sleeps 4 ms a sample in its dataset.
+
+``--wall-out PATH`` (rank 0 only) writes the wall seconds of ``trainer.fit`` (``perf_counter``
+around the call; with Lightning's launcher it includes starting rank 1) and of the training loop
+alone (the module's ``on_train_start`` to ``on_train_end``) to PATH as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from pytorch_lightning import LightningModule, Trainer
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+DIM = 64
+WIDTH = 256
+CLASSES = 10
+SAMPLES = 512
+BATCH = 8
+EPOCHS = 2
+
+CASES = (
+    "clean",
+    "clean-sync-epoch",
+    "slow-data",
+    "slow-step",
+    "find-unused",
+    "sync-dist-step",
+    "moving-data",
+    "big-batch",
+    "uneven-batches",
+    "two-nodes",
+)
+
+
+def global_rank() -> int:
+    """This process's rank in the world (the process group's once it exists)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+def moving_ids(n: int, seed: int = 0) -> set[int]:
+    """The samples a 2-rank ``DistributedSampler`` gives rank 0 in epoch 0 and rank 1 in epoch 1.
+
+    It shuffles with ``randperm`` seeded ``seed + epoch`` (``shuffle=True``, Lightning's seed 0)
+    and deals the permutation out ``rank::2``.
+    """
+    where = []
+    for epoch in (0, 1):
+        g = torch.Generator().manual_seed(seed + epoch)
+        perm = torch.randperm(n, generator=g).tolist()
+        where.append({index: position % 2 for position, index in enumerate(perm)})
+    return {i for i in range(n) if where[0][i] == 0 and where[1][i] == 1}
+
+
+class Synthetic(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``n`` random samples in memory; a slow read on ``slow_rank`` or of the ``slow_ids``."""
+
+    def __init__(
+        self,
+        n: int,
+        sleep: float = 0.0,
+        slow_rank: int | None = None,
+        slow_ids: set[int] | None = None,
+    ) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, DIM, generator=g)
+        self.y = torch.randint(0, CLASSES, (n,), generator=g)
+        self.sleep, self.slow_rank, self.slow_ids = sleep, slow_rank, slow_ids
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sleep:
+            if self.slow_ids is not None:
+                slow = index in self.slow_ids
+            else:
+                slow = self.slow_rank is None or global_rank() == self.slow_rank
+            if slow:
+                time.sleep(self.sleep)
+        return self.x[index], self.y[index]
+
+
+class UnevenSampler(Sampler[int]):
+    """A user's own sharding: rank 0 gets ``sizes[0]`` samples an epoch, rank 1 ``sizes[1]``."""
+
+    def __init__(self, sizes: tuple[int, int]) -> None:
+        self.sizes = sizes
+
+    def __len__(self) -> int:
+        return self.sizes[global_rank()]
+
+    def __iter__(self) -> Iterator[int]:
+        rank = global_rank()
+        start = sum(self.sizes[:rank])
+        return iter(range(start, start + self.sizes[rank]))
+
+
+class MLP(LightningModule):
+    def __init__(self, case: str) -> None:
+        super().__init__()
+        self.case = case
+        self.net = nn.Sequential(
+            nn.Linear(DIM, WIDTH),
+            nn.ReLU(),
+            nn.Linear(WIDTH, WIDTH),
+            nn.ReLU(),
+            nn.Linear(WIDTH, CLASSES),
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self.net(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        if self.case == "slow-step" and self.global_rank == 1:
+            time.sleep(0.03)  # work done on one rank only
+        if self.case in ("sync-dist-step", "clean-sync-epoch"):
+            per_epoch = self.case == "clean-sync-epoch"
+            with torch.no_grad():
+                values = {
+                    "loss": loss,
+                    "acc": (logits.argmax(1) == y).float().mean(),
+                    "logit_mean": logits.mean(),
+                    "logit_std": logits.std(),
+                    "x_norm": x.norm(dim=1).mean(),
+                    "margin": (logits.max(1).values - logits.mean(1)).mean(),
+                }
+            for name, value in values.items():
+                self.log(
+                    f"train/{name}",
+                    value,
+                    sync_dist=True,
+                    on_step=not per_epoch,
+                    on_epoch=per_epoch,
+                )
+        return loss
+
+    def on_train_start(self) -> None:
+        self.train_started = time.perf_counter()
+
+    def on_train_end(self) -> None:
+        self.train_s = time.perf_counter() - self.train_started
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        case = self.case
+        if case in ("slow-data", "two-nodes"):
+            return DataLoader(
+                Synthetic(SAMPLES, 0.004, slow_rank=1), batch_size=BATCH, shuffle=True
+            )
+        if case == "moving-data":
+            data = Synthetic(SAMPLES, 0.008, slow_ids=moving_ids(SAMPLES))
+            return DataLoader(data, batch_size=BATCH, shuffle=True)
+        if case == "big-batch":
+            batch = 16 if self.global_rank == 1 else BATCH
+            return DataLoader(Synthetic(2 * SAMPLES), batch_size=batch, shuffle=True)
+        if case == "uneven-batches":
+            sizes = (SAMPLES // 2, SAMPLES // 2 + 8 * BATCH)
+            data = Synthetic(sum(sizes))
+            return DataLoader(data, batch_size=BATCH, sampler=UnevenSampler(sizes))
+        return DataLoader(Synthetic(SAMPLES), batch_size=BATCH, shuffle=True)
+
+
+def trainer_kwargs(case: str, root: Path) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "accelerator": "cpu",
+        "devices": 2,
+        "strategy": "ddp",
+        "max_epochs": EPOCHS,
+        "default_root_dir": str(root),
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+    }
+    if case == "find-unused":
+        kwargs["strategy"] = "ddp_find_unused_parameters_true"
+    elif case == "big-batch":
+        kwargs["limit_train_batches"] = SAMPLES // (2 * BATCH)
+    elif case == "uneven-batches":
+        kwargs.update(use_distributed_sampler=False, max_steps=EPOCHS * SAMPLES // (2 * BATCH))
+        kwargs["max_epochs"] = EPOCHS + 1
+    elif case == "two-nodes":
+        kwargs.update(devices=1, num_nodes=2)
+    return kwargs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--case", required=True, choices=CASES)
+    parser.add_argument("--wall-out", type=Path, help="(rank 0) write trainer.fit's seconds here")
+    parser.add_argument("--root", type=Path, help="the Trainer's default_root_dir")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # 2 ranks on 2 cores
+    root = args.root or Path(tempfile.mkdtemp(prefix="world-job-"))
+    trainer = Trainer(**trainer_kwargs(args.case, root))
+    model = MLP(args.case)
+    start = time.perf_counter()
+    trainer.fit(model)
+    wall = time.perf_counter() - start
+    if trainer.is_global_zero:
+        if args.wall_out is not None:
+            args.wall_out.write_text(
+                json.dumps({"fit_s": wall, "train_s": model.train_s, "steps": trainer.global_step})
+            )
+        print(f"world_job {args.case}: fit {wall:.2f} s, {trainer.global_step} steps")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""Every rank side by side: a row per rank, the spread, and who the others wait for.
+
+Plain functions over the payloads the ranks sent (:mod:`lightning_speedpack.world.payload`);
+no process group, no Lightning. The model of a DDP step behind them:
+
+- the ranks run in lock step: each batch ends on every rank at about the same time, because
+  every rank waits in the gradient all-reduce (inside ``backward``) for the slowest one;
+- a rank's *cycle* is the time from one batch's end to the next one's (its own clock);
+- a rank's *wait* is what it spent in ``backward`` beyond the rank that spent least there
+  (that rank arrived last and waited for nobody); when a diagnostic publishes the time spent
+  waiting for the all-reduce (``comm_wait_ms``, else ``comm_ms_per_step``) on every rank, that
+  is used instead, the same way;
+- a rank's *own* time is its cycle less its wait: the data wait, the step's compute, the
+  hooks. The rank whose own time is largest is the one the others wait for.
+
+The straggler is named only when the evidence is plain (:data:`STRAGGLER_RATIO`,
+:data:`STRAGGLER_MIN_MS`, :data:`CONFIRM_FRACTION`): a clean 2-rank run on a busy CPU has
+noise, a planted 4 ms/sample is far beyond it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "CONFIRM_FRACTION",
+    "IMBALANCE_RATIO",
+    "STRAGGLER_MIN_MS",
+    "STRAGGLER_RATIO",
+    "Imbalance",
+    "Straggler",
+    "find_imbalance",
+    "find_straggler",
+    "median",
+    "spread",
+    "world_rows",
+]
+
+#: The straggler's own time must be at least this many times the other ranks' (median) ...
+STRAGGLER_RATIO = 1.5
+#: ... and exceed it by at least this many ms a step ...
+STRAGGLER_MIN_MS = 2.0
+#: ... and the others must wait at least this fraction of that excess (the confirmation).
+CONFIRM_FRACTION = 0.5
+#: Ranks whose samples differ by more than this fraction are given uneven work.
+IMBALANCE_RATIO = 0.02
+
+#: The keys each row carries from the engine (the rest are the rank's published figures).
+ROW_KEYS = (
+    "rank",
+    "node",
+    "host",
+    "local_rank",
+    "wall_s",
+    "samples",
+    "samples_per_sec",
+    "batches",
+    "batch_size",
+    "batch_size_min",
+    "batch_size_max",
+    "cycle_ms",
+    "data_wait_ms",
+    "step_wall_ms",
+    "backward_ms",
+    "wait_ms",
+    "own_ms",
+    "data_wait_fraction",
+    "wait_fraction",
+    "callbacks_s",
+    "checkpoint_s",
+)
+#: Published figures that are the world's on every rank, replaced by the rank's own.
+_WORLD_ALIKE = ("samples_per_sec", "data_wait_fraction", "step_time_ms")
+#: Published figures of the same name and meaning as the engine's (counted the same way).
+_SAME = ("batches", "batch_size")
+_ENGINE_KEYS = frozenset(ROW_KEYS) - frozenset(_SAME)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _per_batch_ms(seconds: Any, batches: int) -> float:
+    value = _number(seconds)
+    return 1000.0 * value / batches if value is not None and batches else 0.0
+
+
+def world_rows(payloads: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A row per rank (lowest rank first): the engine's columns, then every published figure.
+
+    Example:
+        >>> rows = world_rows({0: {"rank": 0, "wall_s": 2.0, "samples": 64,
+        ...                        "clock": {"batches": 8, "cycle_ms": 40.0, "gap_ms": 2.0,
+        ...                                  "backward_ms": 36.0}}})
+        >>> rows[0]["samples_per_sec"], rows[0]["wait_ms"], rows[0]["own_ms"]
+        (32.0, 0.0, 40.0)
+    """
+    rows = []
+    for rank in sorted(payloads):
+        payload = payloads[rank]
+        clock = payload.get("clock") or {}
+        figures = payload.get("figures") or {}
+        batches = int(_number(clock.get("batches")) or 0)
+        samples = int(_number(payload.get("samples")) or 0)
+        wall = _number(payload.get("wall_s")) or 0.0
+        cycle = _number(clock.get("cycle_ms")) or 0.0
+        data = _data_ms(figures, clock)
+        row: dict[str, Any] = {}
+        for key, value in figures.items():
+            if key in _WORLD_ALIKE:
+                continue  # the world's on every rank: the rank's own below
+            # A published figure named like one of the engine's keeps its value, renamed.
+            row[f"published/{key}" if key in _ENGINE_KEYS else key] = value
+        row.update(
+            rank=int(payload.get("rank", rank)),
+            node=payload.get("node"),
+            host=payload.get("host"),
+            local_rank=payload.get("local_rank"),
+            wall_s=round(wall, 4),
+            samples=samples,
+            samples_per_sec=round(samples / wall, 3) if wall > 0 else 0.0,
+            batches=batches,
+            batch_size=round(samples / batches, 3) if batches else None,
+            batch_size_min=clock.get("batch_size_min"),
+            batch_size_max=clock.get("batch_size_max"),
+            cycle_ms=round(cycle, 3),
+            data_wait_ms=round(data, 3),
+            step_wall_ms=round(max(cycle - data, 0.0), 3),
+            backward_ms=round(_number(clock.get("backward_ms")) or 0.0, 3),
+            data_wait_fraction=round(data / cycle, 4) if cycle > 0 else None,
+            callbacks_s=_number(figures.get("wall_time/parts/callbacks")),
+            checkpoint_s=_number(figures.get("wall_time/parts/checkpoint")),
+        )
+        row["step_time_ms"] = row["cycle_ms"]
+        rows.append(row)
+    _estimate_waits(rows)
+    return rows
+
+
+def _data_ms(figures: Mapping[str, Any], clock: Mapping[str, Any]) -> float:
+    # StepTimeline's fetch and copy when it ran on this rank (the fetch alone), else the gap
+    # between batches on the recorder's own clock (the fetch and the hooks between batches).
+    fetch = _number(figures.get("phase_ms/data_wait"))
+    if fetch is not None:
+        return fetch + (_number(figures.get("phase_ms/batch_transfer")) or 0.0)
+    return _number(clock.get("gap_ms")) or 0.0
+
+
+def _estimate_waits(rows: list[dict[str, Any]]) -> None:
+    # The comm diagnostic's time waiting for the all-reduce, when every rank measured it;
+    # else the time in backward (where DDP waits for the all-reduce) above the least.
+    waits = _above_min([float(r["backward_ms"]) for r in rows])
+    for key in ("comm_wait_ms", "comm_ms_per_step"):
+        comm = [_number(r.get(key)) for r in rows]
+        if rows and all(c is not None for c in comm):
+            waits = _above_min([float(c) for c in comm if c is not None])
+            break
+    for row, wait in zip(rows, waits, strict=True):
+        cycle = float(row["cycle_ms"])
+        wait = min(wait, cycle)
+        row["wait_ms"] = round(wait, 3)
+        row["own_ms"] = round(cycle - wait, 3)
+        row["wait_fraction"] = round(wait / cycle, 4) if cycle > 0 else None
+
+
+def _above_min(values: Sequence[float]) -> list[float]:
+    low = min(values) if values else 0.0
+    return [v - low for v in values]
+
+
+@dataclass
+class Straggler:
+    """The rank the others wait for, its largest part, and what the waiting cost the world."""
+
+    rank: int
+    node: Any
+    host: Any
+    own_ms: float  # its own time a step
+    others_ms: float  # the other ranks' own time a step (median)
+    excess_ms: float
+    part: str  # "data wait", "training step", "callbacks"
+    part_ms: float
+    part_others_ms: float
+    callback: str | None  # the callback whose hooks are the part, when it is "callbacks"
+    waited_ms: float  # the others' wait a step (median)
+    waited_s: float  # the others' wait over the run (mean per rank)
+    waited_step_fraction: float  # of their steps
+    wall_fraction: float  # of their wall time
+    others: int
+    moving: list[list[int]] | None = None  # [[epoch, slowest rank], ...] when it moves
+
+    def to_dict(self) -> dict[str, Any]:
+        """The straggler as plain values (for the JSON report)."""
+        return asdict(self)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median, 0 for no values.
+
+    Example:
+        >>> median([1.0, 5.0, 2.0]), median([])
+        (2.0, 0.0)
+    """
+    return float(statistics.median(values)) if values else 0.0
+
+
+def _parts(row: Mapping[str, Any]) -> dict[str, float]:
+    batches = int(row.get("batches") or 0)
+    callbacks = _per_batch_ms(row.get("callbacks_s"), batches)
+    data = float(row.get("data_wait_ms") or 0.0)
+    compute = float(row.get("own_ms") or 0.0) - data - callbacks
+    return {"data wait": data, "training step": max(compute, 0.0), "callbacks": callbacks}
+
+
+def _top_callback(row: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> str | None:
+    prefix = "wall_time/callbacks/"
+    names = {k[len(prefix) :] for k in row if k.startswith(prefix)}
+    best, best_excess = None, 0.0
+    for name in names:
+        mine = _number(row.get(prefix + name)) or 0.0
+        theirs = median([_number(o.get(prefix + name)) or 0.0 for o in others])
+        if mine - theirs > best_excess:
+            best, best_excess = name, mine - theirs
+    return best
+
+
+def find_straggler(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    ratio: float = STRAGGLER_RATIO,
+    min_ms: float = STRAGGLER_MIN_MS,
+    confirm: float = CONFIRM_FRACTION,
+) -> Straggler | None:
+    """The rank whose own time a step exceeds the others' and that they wait for, or None.
+
+    Named only when its own time is at least ``ratio`` times the others' (median), exceeds it
+    by ``min_ms`` a step or more, and the others waited at least ``confirm`` of that excess.
+    """
+    if len(rows) < 2:
+        return None
+    slow = max(rows, key=lambda r: float(r.get("own_ms") or 0.0))
+    others = [r for r in rows if r is not slow]
+    own = float(slow.get("own_ms") or 0.0)
+    base = median([float(r.get("own_ms") or 0.0) for r in others])
+    excess = own - base
+    waited = median([float(r.get("wait_ms") or 0.0) for r in others])
+    if own < ratio * base or excess < min_ms or waited < confirm * excess:
+        return None
+    mine = _parts(slow)
+    theirs = {p: median([_parts(o)[p] for o in others]) for p in mine}
+    part = max(mine, key=lambda p: mine[p] - theirs[p])
+    waited_s = [float(r.get("wait_ms") or 0.0) * int(r.get("batches") or 0) / 1000 for r in others]
+    steps = [float(r.get("step_wall_ms") or 0.0) for r in others]
+    walls = [float(r.get("wall_s") or 0.0) for r in others]
+    mean_waited = statistics.fmean(waited_s)
+    step_fraction = (
+        statistics.fmean(
+            float(r.get("wait_ms") or 0.0) / s for r, s in zip(others, steps, strict=True) if s > 0
+        )
+        if any(s > 0 for s in steps)
+        else 0.0
+    )
+    wall = statistics.fmean(walls)
+    return Straggler(
+        rank=int(slow["rank"]),
+        node=slow.get("node"),
+        host=slow.get("host"),
+        own_ms=round(own, 3),
+        others_ms=round(base, 3),
+        excess_ms=round(excess, 3),
+        part=part,
+        part_ms=round(mine[part], 3),
+        part_others_ms=round(theirs[part], 3),
+        callback=_top_callback(slow, others) if part == "callbacks" else None,
+        waited_ms=round(waited, 3),
+        waited_s=round(mean_waited, 3),
+        waited_step_fraction=round(min(step_fraction, 1.0), 4),
+        wall_fraction=round(min(mean_waited / wall, 1.0), 4) if wall > 0 else 0.0,
+        others=len(others),
+    )
+
+
+@dataclass
+class Imbalance:
+    """Ranks given different amounts of work, counted from each rank's own batches."""
+
+    samples: dict[int, int]
+    batches: dict[int, int]
+    batch_sizes: dict[int, list[Any]]  # rank: [min, max]
+    ratio: float  # the most samples over the fewest
+    #: epochs whose batch counts differed between ranks: {epoch: {rank: batches}} (a run cut by
+    #: ``max_steps`` can end with equal totals while each epoch dealt the ranks uneven shares)
+    uneven_epochs: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The imbalance as plain values (for the JSON report)."""
+        return asdict(self)
+
+
+def find_imbalance(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    tolerance: float = IMBALANCE_RATIO,
+    epochs: Mapping[int, Sequence[Sequence[float]]] | None = None,
+) -> Imbalance | None:
+    """Ranks with different batch counts (in the run or an epoch), or samples apart by more.
+
+    Samples apart by more than ``tolerance`` count.
+
+    ``epochs`` holds each rank's per-epoch clock rows (epoch, batches, ...): an epoch whose
+    complete batch counts differ between ranks is uneven even when the totals agree (a sampler
+    that is not a ``DistributedSampler``, cut by ``max_steps``). The run's last epoch is left
+    out when ``max_steps`` may have cut it on one rank only.
+
+    Example:
+        >>> rows = [{"rank": 0, "samples": 512, "batches": 64, "batch_size_min": 8,
+        ...          "batch_size_max": 8}, {"rank": 1, "samples": 1024, "batches": 64,
+        ...          "batch_size_min": 16, "batch_size_max": 16}]
+        >>> find_imbalance(rows).ratio
+        2.0
+    """
+    if len(rows) < 2:
+        return None
+    samples = {int(r["rank"]): int(r.get("samples") or 0) for r in rows}
+    batches = {int(r["rank"]): int(r.get("batches") or 0) for r in rows}
+    low, high = min(samples.values()), max(samples.values())
+    uneven_batches = len(set(batches.values())) > 1
+    ratio = high / low if low > 0 else float("inf") if high > 0 else 1.0
+    uneven_epochs = _uneven_epochs(epochs or {}, set(batches))
+    if not uneven_batches and not uneven_epochs and ratio - 1.0 <= tolerance:
+        return None
+    sizes = {int(r["rank"]): [r.get("batch_size_min"), r.get("batch_size_max")] for r in rows}
+    return Imbalance(samples, batches, sizes, round(ratio, 4) if low > 0 else ratio, uneven_epochs)
+
+
+def _uneven_epochs(
+    epochs: Mapping[int, Sequence[Sequence[float]]], ranks: set[int]
+) -> dict[int, dict[int, int]]:
+    """Complete epochs (not the last) whose batch counts differ between the ranks."""
+    table: dict[int, dict[int, int]] = {}
+    for rank, rows in epochs.items():
+        for row in rows:
+            table.setdefault(int(row[0]), {})[int(rank)] = int(row[1])
+    if len(table) < 2:
+        return {}
+    last = max(table)  # may be cut short by max_steps: not an epoch's share
+    return {
+        epoch: counts
+        for epoch, counts in sorted(table.items())
+        if epoch != last and set(counts) == ranks and len(set(counts.values())) > 1
+    }
+
+
+def spread(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """Max over min of a column (None when it is not a positive number on every rank)."""
+    values = [_number(r.get(key)) for r in rows]
+    if not values or any(v is None or v <= 0 for v in values):
+        return None
+    numbers = [v for v in values if v is not None]
+    return round(max(numbers) / min(numbers), 3)

@@ -1,0 +1,136 @@
+"""Epoch by epoch: which rank was slowest in each, and what the others waited.
+
+A rank that is slow because of its host stays the slowest epoch after epoch; when the data is
+the cause (some batches cost more than others, dealt out anew each epoch) the slowest rank
+moves, and over the whole run the ranks' waits average out. These functions read each rank's
+per-epoch clock rows (epoch, batches, span s, gap s, gaps, backward s;
+:meth:`~lightning_speedpack.world.payload.StepClock.figures`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightning_speedpack.world.engine import (
+    STRAGGLER_MIN_MS,
+    STRAGGLER_RATIO,
+    Straggler,
+    median,
+)
+
+__all__ = ["epoch_waits", "moving_straggler", "slowest_by_epoch"]
+
+
+def _epoch_table(
+    epochs: Mapping[int, Sequence[Sequence[float]]],
+) -> dict[int, dict[int, tuple[float, float, int]]]:
+    # {epoch: {rank: (cycle ms, backward ms, batches)}}
+    by_epoch: dict[int, dict[int, tuple[float, float, int]]] = {}
+    for rank, rows in epochs.items():
+        for row in rows:
+            epoch, batches, span, gap, gaps, backward = (float(x) for x in row[:6])
+            if batches <= 0:
+                continue
+            cycle = 1000.0 * (span / batches + (gap / gaps if gaps else 0.0))
+            by_epoch.setdefault(int(epoch), {})[int(rank)] = (
+                cycle,
+                1000.0 * backward / batches,
+                int(batches),
+            )
+    return by_epoch
+
+
+def slowest_by_epoch(
+    epochs: Mapping[int, Sequence[Sequence[float]]],
+    *,
+    ratio: float = STRAGGLER_RATIO,
+    min_ms: float = STRAGGLER_MIN_MS,
+) -> list[list[int]]:
+    """``[[epoch, rank], ...]``: each epoch whose slowest rank is plain, and that rank.
+
+    ``epochs`` holds each rank's per-epoch clock rows (epoch, batches, span s, gap s, gaps,
+    backward s; :meth:`~lightning_speedpack.world.payload.StepClock.figures`).
+
+    Example:
+        >>> slow_1 = {0: [[0, 10, 0.4, 0.02, 9, 0.35]], 1: [[0, 10, 0.05, 0.36, 9, 0.01]]}
+        >>> slowest_by_epoch(slow_1)
+        [[0, 1]]
+    """
+    out = []
+    for epoch, ranks in sorted(_epoch_table(epochs).items()):
+        if len(ranks) < 2:
+            continue
+        low = min(b for _, b, _ in ranks.values())
+        own = {r: cycle - (b - low) for r, (cycle, b, _) in ranks.items()}
+        slow = max(own, key=lambda r: own[r])
+        base = median([v for r, v in own.items() if r != slow])
+        if own[slow] >= ratio * base and own[slow] - base >= min_ms:
+            out.append([epoch, slow])
+    return out
+
+
+def epoch_waits(epochs: Mapping[int, Sequence[Sequence[float]]]) -> dict[int, float]:
+    """Seconds each rank waited for the others, epoch by epoch (backward above the epoch's least).
+
+    Unlike the run's wait, a slowest rank that changes between epochs does not cancel out.
+
+    Example:
+        >>> epoch_waits({0: [[0, 10, 0.4, 0.0, 9, 0.35], [1, 10, 0.05, 0.4, 9, 0.01]],
+        ...              1: [[0, 10, 0.05, 0.4, 9, 0.01], [1, 10, 0.4, 0.0, 9, 0.35]]})
+        {0: 0.34, 1: 0.34}
+    """
+    waits: dict[int, float] = {}
+    for ranks in _epoch_table(epochs).values():
+        low = min(b for _, b, _ in ranks.values())
+        for rank, (_, backward, batches) in ranks.items():
+            waits[rank] = round(waits.get(rank, 0.0) + (backward - low) * batches / 1000.0, 6)
+    return dict(sorted(waits.items()))
+
+
+def moving_straggler(
+    rows: Sequence[Mapping[str, Any]],
+    by_epoch: list[list[int]],
+    waits: Mapping[int, float],
+    found: Straggler | None,
+) -> Straggler:
+    """The straggler of a run whose slowest rank moves (``by_epoch``), its cost from ``waits``.
+
+    Over the run a moving straggler averages out (every rank waits in some epochs), so the
+    cost is the epochs' waits (:func:`epoch_waits`, the mean over the ranks); the rank named
+    is ``found`` (the run's straggler) or else the one slowest in most epochs.
+    """
+    counts = Counter(rank for _, rank in by_epoch)
+    rank = counts.most_common(1)[0][0]
+    row = next((r for r in rows if int(r["rank"]) == rank), rows[0])
+    waited = statistics.fmean(waits.values()) if waits else 0.0
+    wall = statistics.fmean(float(r.get("wall_s") or 0.0) for r in rows)
+    step_s = statistics.fmean(
+        float(r.get("step_wall_ms") or 0.0) * int(r.get("batches") or 0) / 1000 for r in rows
+    )
+    straggler = found or Straggler(
+        rank=rank,
+        node=row.get("node"),
+        host=row.get("host"),
+        own_ms=float(row.get("own_ms") or 0.0),
+        others_ms=median([float(r.get("own_ms") or 0.0) for r in rows if r is not row]),
+        excess_ms=0.0,
+        part="data wait",
+        part_ms=float(row.get("data_wait_ms") or 0.0),
+        part_others_ms=median([float(r.get("data_wait_ms") or 0.0) for r in rows if r is not row]),
+        callback=None,
+        waited_ms=0.0,
+        waited_s=0.0,
+        waited_step_fraction=0.0,
+        wall_fraction=0.0,
+        others=len(rows) - 1,
+    )
+    straggler.moving = by_epoch
+    straggler.waited_s = round(max(waited, straggler.waited_s), 3)
+    if step_s > 0:
+        straggler.waited_step_fraction = round(min(straggler.waited_s / step_s, 1.0), 4)
+    if wall > 0:
+        straggler.wall_fraction = round(min(straggler.waited_s / wall, 1.0), 4)
+    return straggler

@@ -1,0 +1,244 @@
+"""The world's figures as findings: the straggler, uneven ranks, ranks that did not answer.
+
+Plain functions over ``figures["world"]`` (:func:`~lightning_speedpack.world.engine.world_figures`).
+Each finding names the rank and the cause, its share of the wall time (``wall_fraction``, what
+the report orders by) and the setting to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightning_speedpack.core.findings import Finding, Severity
+
+__all__ = [
+    "COMPONENT",
+    "imbalance_finding",
+    "missing_finding",
+    "straggler_finding",
+    "straggler_severity",
+    "world_findings",
+]
+
+COMPONENT = "world"
+
+_FIXES = {
+    "data wait": (
+        "make rank {rank}'s batches as quick to load as the others': more DataLoader workers "
+        "(`num_workers`), its shard on fast local storage or in memory (CachedDataset), and "
+        "check what differs on node {node} (disk, network filesystem, other jobs)"
+    ),
+    "training step": (
+        "find what makes rank {rank}'s step longer: inputs of uneven size per rank (bucket by "
+        "sequence length or image size), work done only on that rank inside the step (`if "
+        "self.global_rank == ...`), or a slower device or host on node {node}"
+    ),
+    "callbacks": (
+        "make the hooks of {callback} cheaper on rank {rank} (its work every N steps, or off the "
+        "training thread): every rank waits for them in the next all-reduce"
+    ),
+}
+_MOVING_FIX = (
+    "balance the work per batch across ranks: bucket samples by size (sequence length, image "
+    "size) so every rank's batch costs alike, cache the costly decode (CachedDataset), or add "
+    "DataLoader workers so slow batches are ready in time"
+)
+_IMBALANCE_FIX = (
+    "give every rank the same batch size and number of batches: a `DistributedSampler` "
+    "(Lightning adds one unless `use_distributed_sampler=False` or the loader has its own "
+    "sampler), `drop_last=True` on a dataset that does not divide evenly, and an "
+    "IterableDataset sharded by `global_rank` into equal parts"
+)
+
+
+def _where(rank: int, node: Any, host: Any) -> str:
+    parts = [f"rank {rank}"]
+    if node is not None:
+        parts.append(f"node {node}")
+    if host:
+        parts.append(str(host))
+    return ", ".join(parts)
+
+
+def straggler_finding(straggler: Mapping[str, Any]) -> Finding:
+    """The ``world/straggler`` warning (see :class:`~lightning_speedpack.world.engine.Straggler`).
+
+    Example:
+        >>> f = straggler_finding({"rank": 1, "node": 0, "host": "gpu7", "own_ms": 40.0,
+        ...     "others_ms": 5.0, "excess_ms": 35.0, "part": "data wait", "part_ms": 37.0,
+        ...     "part_others_ms": 2.5, "callback": None, "waited_ms": 34.0, "waited_s": 10.1,
+        ...     "waited_step_fraction": 0.92, "wall_fraction": 0.8, "others": 1, "moving": None})
+        >>> print(f.message)
+        rank 1 (node 0, gpu7) is the straggler: its own time is 40.0 ms a step against 5.0 ms \
+on the other rank (+35.0 ms), mostly its data wait (37.0 ms a step against 2.5 ms); the other \
+rank waited 10.1 s for it in the gradient all-reduce, 92% of its steps (80% of the wall time)
+    """
+    rank = int(straggler["rank"])
+    node, host = straggler.get("node"), straggler.get("host")
+    others = int(straggler.get("others") or 1)
+    who = "the other rank" if others == 1 else f"the other {others} ranks"
+    its = "its" if others == 1 else "their"
+    each = "" if others == 1 else " each (mean)"
+    waited = (
+        f"{who} waited {straggler['waited_s']:.1f} s{each} for it in the gradient all-reduce, "
+        f"{straggler['waited_step_fraction']:.0%} of {its} steps "
+        f"({straggler['wall_fraction']:.0%} of the wall time)"
+    )
+    label = _where(rank, node, host).replace(f"rank {rank}, ", f"rank {rank} (", 1)
+    label = f"{label})" if "(" in label else label
+    moving = straggler.get("moving")
+    figures = {
+        "wall_fraction": straggler["wall_fraction"],
+        "rank": rank,
+        "node": node,
+        "host": host,
+        "part": straggler["part"],
+        "excess_ms": straggler["excess_ms"],
+        "waited_s": straggler["waited_s"],
+        "waited_step_fraction": straggler["waited_step_fraction"],
+    }
+    if moving:
+        epochs = "; ".join(f"epoch {e}: rank {r}" for e, r in moving[:8])
+        more = f"; ... ({len(moving)} epochs)" if len(moving) > 8 else ""
+        figures["slowest_by_epoch"] = [list(m) for m in moving]
+        return Finding(
+            COMPONENT,
+            "straggler",
+            f"the slowest rank changes from epoch to epoch ({epochs}{more}): it is the data, not "
+            f"one slow host -- some batches cost more to load or compute than others and each "
+            f"epoch deals them out anew; the ranks waited {straggler['waited_s']:.1f} s each for "
+            f"the slowest in the gradient all-reduce ({straggler['wall_fraction']:.0%} of the wall "
+            "time)",
+            location="every rank, by epoch",
+            figures=figures,
+            severity=straggler_severity(straggler),
+            fix=_MOVING_FIX,
+        )
+    part = straggler["part"]
+    detail = (
+        f"the hooks of {straggler['callback']}"
+        if part == "callbacks" and straggler.get("callback")
+        else f"its {part}"
+    )
+    message = (
+        f"{label} is the straggler: its own time is {straggler['own_ms']:.1f} ms a step against "
+        f"{straggler['others_ms']:.1f} ms on {who} (+{straggler['excess_ms']:.1f} ms), mostly "
+        f"{detail} ({straggler['part_ms']:.1f} ms a step against "
+        f"{straggler['part_others_ms']:.1f} ms); {waited}"
+    )
+    fix = _FIXES[part].format(
+        rank=rank, node=node if node is not None else "?", callback=straggler.get("callback")
+    )
+    return Finding(
+        COMPONENT,
+        "straggler",
+        message,
+        location=_where(rank, node, host),
+        figures=figures,
+        severity=straggler_severity(straggler),
+        fix=fix,
+    )
+
+
+def straggler_severity(straggler: Mapping[str, Any]) -> Severity:
+    """A warning; an error when the other ranks waited more than they computed (as data-bound).
+
+    Example:
+        >>> straggler_severity({"waited_step_fraction": 0.92})
+        'error'
+    """
+    return "error" if float(straggler.get("waited_step_fraction") or 0.0) > 0.5 else "warning"
+
+
+def _size(sizes: Sequence[Any]) -> str:
+    low, high = (sizes[0], sizes[1]) if len(sizes) >= 2 else (None, None)
+    if low is None:
+        return ""
+    return f", batch size {low}" if low == high else f", batch size {low}-{high}"
+
+
+def imbalance_finding(
+    imbalance: Mapping[str, Any], straggler: Mapping[str, Any] | None = None
+) -> Finding:
+    """The ``world/rank-imbalance`` warning: ranks given different amounts of work.
+
+    Example:
+        >>> f = imbalance_finding({"samples": {0: 512, 1: 1024}, "batches": {0: 64, 1: 64},
+        ...                        "batch_sizes": {0: [8, 8], 1: [16, 16]}, "ratio": 2.0})
+        >>> print(f.message)
+        the ranks trained on different amounts of data (2.00x from the fewest samples to the \
+most): rank 0: 512 samples in 64 batches, batch size 8; rank 1: 1,024 samples in 64 batches, \
+batch size 16
+    """
+    samples = {int(k): int(v) for k, v in imbalance["samples"].items()}
+    batches = {int(k): int(v) for k, v in imbalance["batches"].items()}
+    sizes = {int(k): v for k, v in (imbalance.get("batch_sizes") or {}).items()}
+    order = sorted(samples, key=lambda r: (samples[r], r))
+    shown = order if len(order) <= 6 else [*order[:3], *order[-3:]]
+    listed = "; ".join(
+        f"rank {r}: {samples[r]:,} samples in {batches.get(r, 0):,} batches"
+        + _size(sizes.get(r, []))
+        for r in sorted(shown)
+    )
+    if len(shown) < len(order):
+        listed += f" (fewest and most of {len(order)} ranks)"
+    ratio = imbalance["ratio"]
+    ratio_text = f"{ratio:.2f}x" if ratio != float("inf") else "some ranks none"
+    share = 0.0
+    if straggler is not None and int(straggler["rank"]) == order[-1]:
+        share = float(straggler.get("wall_fraction") or 0.0)  # the rank with most work is slow
+    message = (
+        f"the ranks trained on different amounts of data ({ratio_text} from the fewest samples "
+        f"to the most): {listed}"
+    )
+    uneven = imbalance.get("uneven_epochs") or {}
+    if uneven:
+        epoch, counts = next(iter(uneven.items()))
+        per_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
+        message += (
+            f"; {len(uneven)} epoch(s) dealt the ranks different batch counts (epoch {epoch}: "
+            f"{per_rank} batches): a rank that runs out first leaves the others' collectives "
+            "waiting, or hangs them"
+        )
+    return Finding(
+        COMPONENT,
+        "rank-imbalance",
+        message,
+        location=f"rank {order[-1]} (most), rank {order[0]} (fewest)",
+        figures={"wall_fraction": share, "samples_ratio": ratio},
+        fix=_IMBALANCE_FIX,
+    )
+
+
+def missing_finding(missing: Sequence[str], world_size: int) -> Finding:
+    """``world/ranks-missing``: ranks whose figures did not reach rank 0 (died, hung, slow).
+
+    Example:
+        >>> missing_finding(["rank 3: no answer in 30 s"], 4).message
+        'rank 3: no answer in 30 s; the world table has 3 of 4 ranks'
+    """
+    lines = "; ".join(missing)
+    return Finding(
+        COMPONENT,
+        "ranks-missing",
+        f"{lines}; the world table has {world_size - len(missing)} of {world_size} ranks",
+        figures={"missing": len(missing)},
+        fix="look at the missing ranks' own logs (a rank that raised, was killed, or hangs in a "
+        "DataLoader worker); raise LIGHTNING_SPEEDPACK_COLLECTIVE_TIMEOUT if it was only late",
+    )
+
+
+def world_findings(world: Mapping[str, Any]) -> list[Finding]:
+    """The straggler, the imbalance and the missing ranks of ``figures["world"]``, in that order."""
+    out = []
+    straggler = world.get("straggler")
+    if straggler:
+        out.append(straggler_finding(straggler))
+    imbalance = world.get("imbalance")
+    if imbalance:
+        out.append(imbalance_finding(imbalance, straggler))
+    missing = world.get("missing") or []
+    if missing:
+        out.append(missing_finding(missing, int(world.get("world_size") or 0)))
+    return out

@@ -1,0 +1,120 @@
+"""Rank 0's report read with the world in view: no blame on backward, verdicts per rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.doctor.grouping import presented
+from lightning_speedpack.world.figures import world_figures
+from lightning_speedpack.world.revise import judged_rank, revise_figures, revise_findings
+from tests.world.synthetic import payloads
+
+
+def _item(
+    component: str, finding_id: str, message: str, severity: str = "warning"
+) -> dict[str, Any]:
+    return {
+        "component": component,
+        "id": finding_id,
+        "severity": severity,
+        "message": message,
+        "fix": f"fix {finding_id}",
+        "location": None,
+    }
+
+
+def _phases() -> Finding:
+    shares = {"backward": 0.86, "other": 0.07, "training_step": 0.04, "data_wait": 0.03}
+    return Finding(
+        "timeline",
+        "step-phases",
+        "Where a training batch's host time goes: backward 86%, other 7%, training_step 4%",
+        figures=shares,
+        severity="info",
+    )
+
+
+MODEL_BOUND = Finding(
+    "data", "model-bound", "model-bound: the model consumes 148 samples/s", severity="info"
+)
+
+
+def _slow_data_world() -> dict[str, Any]:
+    findings = {
+        0: [_item("data", "model-bound", "model-bound: the model consumes 148 samples/s", "info")],
+        1: [_item("data", "data-bound", "data-bound: the loader delivers 200 samples/s", "error")],
+    }
+    return world_figures(payloads({0: (2.5, 3.0), 1: (37.0, 3.0)}, findings=findings))
+
+
+def test_the_straggler_comes_first_and_rank_0s_backward_is_waiting_for_rank_1() -> None:
+    world = _slow_data_world()
+    revised = revise_findings([MODEL_BOUND, _phases()], world)
+    shown = presented(revised)
+    assert next(f.id for f in shown if f.severity != "info") == "straggler"
+    phases = next(f for f in revised if f.id == "step-phases")
+    assert phases.message.startswith(
+        "Where a training batch's host time goes on rank 0: waiting for rank 1 "
+    )
+    assert "(in backward's gradient all-reduce)" in phases.message
+    assert "backward 86%" not in phases.message
+    assert phases.figures["waiting_for_rank_1"] > 0.8
+
+
+def test_the_worlds_verdict_is_the_slowest_ranks() -> None:
+    world = _slow_data_world()
+    assert judged_rank(world) == 1
+    revised = revise_findings([MODEL_BOUND], world)
+    verdict = next(f for f in revised if f.component == "data")
+    assert verdict.id == "data-bound"
+    assert verdict.message.startswith(
+        "on rank 1, the slowest rank: data-bound: the loader delivers 200 samples/s (rank 0 "
+        "alone would say model-bound: it counts its wait for rank 1 as the model's time)"
+    )
+    assert verdict.severity == "warning"  # below the straggler's error: it says why
+    assert verdict.fix == "fix data-bound"
+
+
+def test_figures_take_the_slowest_ranks_verdict_and_split_the_ledgers_step() -> None:
+    sent = payloads({0: (2.5, 3.0), 1: (37.0, 3.0)})
+    sent[0]["figures"] = {"verdict": "model-bound: ...", "bound": "model"}
+    sent[1]["figures"] = {"verdict": "data-bound: ...", "bound": "data"}
+    world = world_figures(sent)
+    figures: dict[str, Any] = {
+        "verdict": "model-bound: ...",
+        "bound": "model",
+        "wall_time": {
+            "total_s": 10.0,
+            "parts": {"training_step": 4.0, "setup": 6.0},
+            "fractions": {"training_step": 0.4, "setup": 0.6},
+        },
+    }
+    revise_figures(figures, world)
+    assert (figures["verdict"], figures["bound"]) == ("data-bound: ...", "data")
+    parts = figures["wall_time"]["parts"]
+    assert parts["waiting for rank 1"] == 3.45  # 34.5 ms x 100 batches
+    assert parts["training_step"] == 0.55
+    assert figures["wall_time"]["fractions"]["waiting for rank 1"] == 0.345
+
+
+def test_alike_ranks_leave_rank_0s_findings_alone() -> None:
+    findings = {r: [_item("data", "model-bound", f"model-bound on {r}", "info")] for r in (0, 1)}
+    world = world_figures(payloads({0: (1.0, 10.0), 1: (1.1, 10.2)}, findings=findings))
+    given = [MODEL_BOUND, _phases()]
+    assert revise_findings(given, world) == given
+    assert revise_findings(given, None) == given
+
+
+def test_cpu_threads_is_judged_on_every_rank() -> None:
+    message = "torch runs 8 CPU threads x 2 process(es) on 2 cores"
+    threads = _item("wall_time", "cpu-threads", message)
+    own = {0: (1.0, 10.0), 1: (1.0, 10.0)}
+    only_1 = world_figures(payloads(own, findings={1: [threads]}))
+    (added,) = revise_findings([], only_1)
+    assert added.id == "cpu-threads"
+    assert added.message.startswith("on rank 1: torch runs 8 CPU threads")
+    both = world_figures(payloads(own, findings={0: [threads], 1: [threads]}))
+    rank0 = Finding("wall_time", "cpu-threads", message)
+    (kept,) = revise_findings([rank0], both)
+    assert kept.message.endswith("(on ranks 0, 1)")
