@@ -196,10 +196,17 @@ batch size 16
     if uneven:
         epoch, counts = next(iter(uneven.items()))
         per_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
-        message += (
-            f"; {len(uneven)} epoch(s) dealt the ranks different batch counts (epoch {epoch}: "
+        dealt = (
+            f"{len(uneven)} epoch(s) dealt the ranks different batch counts (epoch {epoch}: "
             f"{per_rank} batches): a rank that runs out first leaves the others' collectives "
             "waiting, or hangs them"
+        )
+        even_totals = len(set(batches.values())) == 1 and ratio != float("inf") and ratio < 1.01
+        message = (
+            f"the ranks were given different amounts of work: {dealt}; the run's totals agree "
+            f"(max_steps or the last epoch evened them): {listed}"
+            if even_totals
+            else f"{message}; {dealt}"
         )
     return Finding(
         COMPONENT,
