@@ -349,8 +349,9 @@ def zoo(cases: list[str], keep: Path | None) -> dict[str, Any]:
     }
 
 
-def overhead(pairs: int) -> dict[str, Any]:
+def overhead(pairs: int, epochs: int = 2) -> dict[str, Any]:
     """The clean job's fit and training-loop seconds, plain and under the doctor, alternating."""
+    os.environ["WORLD_JOB_EPOCHS"] = str(epochs)  # read by the job, in the child processes
     keys = ("fit_s", "train_s")
     fits: dict[str, dict[str, list[float]]] = {
         v: {k: [] for k in keys} for v in ("plain", "doctor")
@@ -414,6 +415,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--pairs", type=int, help="overhead pairs (default 5; 0 with --quick)")
+    parser.add_argument(
+        "--cost-epochs", type=int, default=2, help="epochs of the clean job the cost is read on"
+    )
     parser.add_argument("--keep", type=Path, help="copy each case's report and output here")
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     args = parser.parse_args()
@@ -425,7 +429,7 @@ def main() -> None:
     start = time.perf_counter()
     result = zoo(cases, args.keep)
     if pairs > 0:
-        result["overhead"] = overhead(pairs)
+        result["overhead"] = overhead(pairs, args.cost_epochs)
     print(f"\n(world_zoo: {time.perf_counter() - start:.0f} s)")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2, default=str))
