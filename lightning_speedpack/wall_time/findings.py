@@ -262,6 +262,10 @@ def _epoch_starts(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[
 #: Callbacks whose time is trials run once per fit at its start, asked for by the user (the
 #: pack's measured remedies and batch-size tuner): reported as info, not as a slow callback.
 TRIAL_CALLBACKS = frozenset({"WhatIf", "BatchSizeTuner"})
+#: Callbacks that probe once per fit in one hook when asked to (the X-ray's ceilings probe,
+#: `probe="start"`, which `--deep` turns on): that hook's time is reported as info, the same
+#: kind of cost as the trials; the rest of its hooks are judged as any callback's.
+PROBE_HOOKS = {"DataPipelineProfiler": "on_train_start"}
 
 
 def _callbacks(ledger: WallTimeLedger) -> list[Finding]:
@@ -276,6 +280,16 @@ def _callbacks(ledger: WallTimeLedger) -> list[Finding]:
             key=lambda kv: -kv[1],
         )
         top = ", ".join(f"{hook} {v:.1f} s" for hook, v in hooks[:3])
+        probe = dict(hooks).get(PROBE_HOOKS.get(name, ""), 0.0)
+        if probe > 0.0:  # the probe apart; the other hooks judged on their own
+            if probe / total > CALLBACK_SHARE / 2:
+                out.append(_probe_finding(name, probe, total))
+            seconds -= probe
+            share = seconds / total if total > 0 else 0.0
+            hooks = [(hook, v) for hook, v in hooks if hook != PROBE_HOOKS[name]]
+            top = ", ".join(f"{hook} {v:.1f} s" for hook, v in hooks[:3])
+            if share <= CALLBACK_SHARE:
+                continue
         if name in TRIAL_CALLBACKS:  # asked for: trials once per fit, not a per-step cost
             out.append(
                 _finding(
@@ -304,6 +318,22 @@ def _callbacks(ledger: WallTimeLedger) -> list[Finding]:
             )
         )
     return out
+
+
+def _probe_finding(name: str, seconds: float, total: float) -> Finding:
+    """The once-per-fit probe a callback was asked for, as info (not a slow callback)."""
+    share = seconds / total if total > 0 else 0.0
+    return _finding(
+        "callback-time",
+        f"{name}'s probe took {share:.0%} of the wall time ({seconds:.1f} s in "
+        f'{PROBE_HOOKS[name]}, once per fit, asked for with `probe="start"` or `--deep`)',
+        share,
+        seconds,
+        f"leave the probe off (`{name}()`, or the doctor without `--deep`): the verdict then "
+        "comes from the run's own epochs",
+        severity="info",
+        callback=name,
+    )
 
 
 def _settings(ledger: WallTimeLedger, step_share: float, s: RunSettings) -> list[Finding]:

@@ -398,3 +398,25 @@ def test_under_ddp_each_ranks_ledger_sums_to_its_wall_time(tmp_path: Path) -> No
         assert sum(rank["parts"].values()) == pytest.approx(rank["total"])
         assert rank["runs"] == 2
         assert rank["parts"]["training_step"] > 0
+
+
+def test_the_xrays_probe_asked_for_is_info_not_a_slow_callback(tmp_path: Path) -> None:
+    # `--deep` turns the X-ray's ceilings probe on: once per fit, asked for, like WhatIf's trials
+    # (issue 38: it was a `callback-time` warning, "hooks of DataPipelineProfiler took 10%").
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    from lightning_speedpack import DataPipelineProfiler
+
+    ns = load("pytorch_lightning")
+    probe = DataPipelineProfiler(probe="start")
+    ledger, _, _ = _fit(ns, tmp_path, BoringModel(), [probe], max_steps=4)
+    share = ledger.ledger.details[("callback:DataPipelineProfiler", "on_train_start")] / (
+        ledger.total_s
+    )
+    assert share > 0.025  # the probe is a visible part of this short fit
+    mine = [
+        f for f in ledger.doctor_findings() if f.figures.get("callback") == probe.__class__.__name__
+    ]
+    assert [f.severity for f in mine] == ["info"]
+    assert "probe took" in mine[0].message
+    assert "--deep" in mine[0].message
