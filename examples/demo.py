@@ -252,7 +252,7 @@ def main() -> None:
         f"Writing {args.images} synthetic JPEGs to {data_dir} (once, shared by both runs)"
     )
     write_jpegs(data_dir, args.images)
-    # 30 s of trials: by default a fit of known length gives them 5% of it (7 s here).
+    # 30 s of trials (the doctor's `--what-if` alone gives them 60 s).
     slow = run_doctor("slow_training.py", out, data_dir, args, flags=["--what-if-budget", "30"])
     fast = run_doctor("fast_training.py", out, data_dir, args, flags=["--what-if"])
     print_what_if(slow, "slow_training.py")

@@ -59,8 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         "--what-if-budget",
         metavar="SECONDS",
         type=float,
-        help="the seconds WhatIf's trials may take (implies --what-if; default 60, or 5%% of a "
-        "fit of known length when less)",
+        help="the seconds WhatIf's trials may take (implies --what-if; default 60, said "
+        "before the fit)",
     )
     doctor.add_argument(
         "--only",

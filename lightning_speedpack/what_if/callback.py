@@ -548,8 +548,17 @@ BUDGET_ENV = "LIGHTNING_SPEEDPACK_WHAT_IF_BUDGET"
 
 
 def _doctor_factory(_ctx: Any) -> Callback:
+    # Who typed `--what-if` asked for answers: the 5% rule of a `WhatIf()` left on in a job
+    # would try nothing on a fit of a few seconds, so the flag gets the whole default budget
+    # and says, before the fit, how long the trials may take.
     budget = os.environ.get(BUDGET_ENV)
-    return WhatIf(verbose=False, budget_s=float(budget) if budget else None)
+    seconds = float(budget) if budget else DEFAULT_BUDGET_S
+    rank_zero_info(
+        f"speedpack doctor --what-if: each remedy is tried on the script's model and data before "
+        f"the first step, for up to {seconds:g} s"
+        + ("" if budget else " (`--what-if-budget SECONDS` to change it)")
+    )
+    return WhatIf(verbose=False, budget_s=seconds)
 
 
 register_diagnostic("what_if", WhatIf, factory=_doctor_factory, order=3, opt_in="--what-if")

@@ -61,3 +61,18 @@ def test_doctor_what_if_reports_the_table_in_the_json_and_the_print(
     printed = capsys.readouterr().err
     assert "Run 0: what if" in printed
     assert "fused_optimizer" in printed
+
+
+def test_the_doctors_flag_gets_the_whole_budget_and_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--what-if` on a fit of a few seconds tried nothing under the 5% rule (issue 38).
+    from lightning_speedpack.what_if import callback as what_if_callback
+
+    monkeypatch.delenv(what_if_callback.BUDGET_ENV, raising=False)
+    with caplog.at_level("INFO"):
+        made = what_if_callback._doctor_factory(None)
+    assert made.budget_s == what_if_callback.DEFAULT_BUDGET_S
+    assert "for up to 60 s (`--what-if-budget SECONDS` to change it)" in caplog.text
+    monkeypatch.setenv(what_if_callback.BUDGET_ENV, "12.5")
+    assert what_if_callback._doctor_factory(None).budget_s == 12.5
