@@ -414,9 +414,10 @@ def test_the_xrays_probe_asked_for_is_info_not_a_slow_callback(tmp_path: Path) -
         ledger.total_s
     )
     assert share > 0.025  # the probe is a visible part of this short fit
-    mine = [
-        f for f in ledger.doctor_findings() if f.figures.get("callback") == probe.__class__.__name__
-    ]
-    assert [f.severity for f in mine] == ["info"]
-    assert "probe took" in mine[0].message
-    assert "--deep" in mine[0].message
+    name = type(probe).__name__
+    mine = [f for f in ledger.doctor_findings() if f.figures.get("callback") == name]
+    [info] = [f for f in mine if f.severity == "info"]
+    assert "probe took" in info.message
+    assert "--deep" in info.message
+    # Its other hooks may still be judged (on a loaded machine, a 4-step fit), the probe never.
+    assert all("on_train_start" not in f.message for f in mine if f.severity == "warning")
