@@ -9,7 +9,9 @@ long ``backward`` (rank 0 waits in the gradient all-reduce). Given ``figures["wo
 - the step-phase finding says "waiting for rank k" for the part of ``backward`` that was wait;
 - the data verdict is the slowest rank's (the straggler's when there is one): the world is
   data-bound when the slowest rank is;
-- ``cpu-threads`` is judged on every rank: it is reported when any rank has it, naming them.
+- ``cpu-threads`` is judged on every rank: it is reported when any rank has it, naming them;
+- ``find-unused-parameters`` as a warning ("none unused", from rank 0's reducer) stands only when
+  no other rank found unused parameters: DDP needs the search when any rank has them.
 
 :func:`revise_figures` does the same to the run's figures: ``verdict``/``bound`` become the
 slowest rank's (rank 0's stay in its row), and the wall-time ledger's ``training_step`` is split
@@ -96,6 +98,8 @@ backward's gradient all-reduce), other 7%, backward 1%"
             out.append(_verdict_of(finding, int(judged), theirs, cap))
         elif finding.id in _PER_RANK:
             out.append(_on_ranks(finding, by_rank))
+        elif finding.id == "find-unused-parameters" and finding.severity == "warning":
+            out.append(_unused_elsewhere(finding, by_rank))
         else:
             out.append(finding)
     have = {f.id for f in out}
@@ -174,6 +178,30 @@ def _on_ranks(finding: Finding, by_rank: Mapping[int, Sequence[Mapping[str, Any]
         message=f"{finding.message} (on ranks {listed})",
         figures={**finding.figures, "ranks": ranks},
     )
+
+
+def _unused_elsewhere(
+    finding: Finding, by_rank: Mapping[int, Sequence[Mapping[str, Any]]]
+) -> Finding:
+    """Rank 0 found no unused parameter; another rank's reducer may have (then it is needed)."""
+    for rank, items in sorted(by_rank.items()):
+        theirs = [
+            i
+            for i in items
+            if i.get("id") == finding.id and i.get("severity") == "info" and rank != 0
+        ]
+        if theirs:
+            return Finding(
+                finding.component,
+                finding.id,
+                f"on rank {rank}: {theirs[0].get('message', '')} (rank 0 found none: "
+                "`find_unused_parameters=True` is needed while any rank has them)",
+                location=theirs[0].get("location"),
+                figures={"ranks": [rank]},
+                severity="info",
+                fix=theirs[0].get("fix"),
+            )
+    return finding
 
 
 def _only_elsewhere(

@@ -118,3 +118,25 @@ def test_cpu_threads_is_judged_on_every_rank() -> None:
     rank0 = Finding("wall_time", "cpu-threads", message)
     (kept,) = revise_findings([rank0], both)
     assert kept.message.endswith("(on ranks 0, 1)")
+
+
+def test_a_needless_unused_search_stands_only_when_no_rank_found_unused_parameters() -> None:
+    # DDP needs find_unused_parameters=True when any rank leaves a parameter without a gradient:
+    # rank 0's "none unused" must not tell the user to turn it off.
+    from lightning_speedpack.core.findings import Finding
+    from lightning_speedpack.world.revise import revise_findings
+
+    needless = Finding("comm", "find-unused-parameters", "none unused", severity="warning")
+    rank1 = {
+        "component": "comm",
+        "id": "find-unused-parameters",
+        "severity": "info",
+        "message": "1.0 MiB of parameters got no gradient",
+        "location": "unused",
+    }
+    world = {"ranks": [{"rank": 0}, {"rank": 1}], "findings_by_rank": [[0, []], [1, [rank1]]]}
+    [revised] = revise_findings([needless], world)
+    assert revised.severity == "info"
+    assert revised.message.startswith("on rank 1: 1.0 MiB")
+    quiet = {"ranks": [{"rank": 0}, {"rank": 1}], "findings_by_rank": [[0, []], [1, []]]}
+    assert revise_findings([needless], quiet) == [needless]
