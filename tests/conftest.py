@@ -9,34 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.wandb_files import OfflineWandb
+
 os.environ.setdefault("WANDB_MODE", "offline")  # never the network, even if a test forgets
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("PL_DISABLE_FORK", "0")
-
-
-class OfflineWandb:
-    """A W&B offline sandbox: ``dir`` is the ``WANDB_DIR``; ``runs()`` reads back its runs."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-
-    def runs(self):  # type: ignore[no-untyped-def]
-        from tests.helpers.wandb_files import find_runs
-
-        return find_runs(self.dir)
-
-    def only_run(self, timeout: float = 20.0):  # type: ignore[no-untyped-def]
-        """The single run, re-read until its summary is flushed (wandb writes asynchronously)."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        while True:
-            runs = self.runs()
-            if (len(runs) == 1 and runs[0].summary) or time.monotonic() > deadline:
-                break
-            time.sleep(0.25)
-        assert len(runs) == 1, f"expected one W&B run under {self.dir}, found {len(runs)}"
-        return runs[0]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

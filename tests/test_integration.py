@@ -106,7 +106,7 @@ def test_throughput_reaches_the_namespaces_wandb_logger(
     )
     trainer.fit(ns.SizedBoringModel())
     wandb.finish()
-    run = wandb_offline.only_run(timeout=60)
+    run = wandb_offline.only_run()
     assert run.values("trainer/global_step") == [2, 4]
     # the define_metric / config / summary path, not only log_metrics
     assert run.metrics["throughput/*"]["step_metric"] == "trainer/global_step"

@@ -171,7 +171,7 @@ def test_verdict_reaches_the_wandb_summary(tmp_path: Path, wandb_offline: Any) -
     profiler = DataPipelineProfiler(probe="start", probe_batches=2, model_steps=2)
     _fit(tmp_path, pm.PipelineModel(pm.new_truth()), profiler, logger=logger)
     wandb.finish()
-    run = wandb_offline.only_run(timeout=60)
+    run = wandb_offline.only_run()
     assert run.summary["data/verdict"].startswith("data-bound")
     assert run.summary["data/loader_ceiling_samples_per_sec"] == pytest.approx(
         profiler.loader_ceiling

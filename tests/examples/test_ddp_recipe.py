@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.procs import run_in_session
-from tests.helpers.wandb_files import find_runs
+from tests.helpers.wandb_files import OfflineWandb
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = {
@@ -65,7 +65,7 @@ def test_recipe_runs_every_component_on_both_ranks(strategy: str, tmp_path: Path
     assert ranks[0]["cache"]["items"] == images
     assert ranks[1]["cache"]["items"] == images  # node-wide counters, seen alike by both ranks
     # W&B (written by rank 0 only) has world throughput read back from the run's own file.
-    (run,) = find_runs(tmp_path / "out")
+    run = OfflineWandb(tmp_path / "out").only_run()  # once W&B's writer has finished it
     world = run.values("throughput/samples_per_sec")
     device = run.values("throughput/device/samples_per_sec")
     assert world

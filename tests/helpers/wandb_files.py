@@ -62,6 +62,8 @@ class WandbRun:
     summary: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The run's ``exit`` record is in the file: W&B's writer has written everything before it.
+    exited: bool = False
 
     def values(self, key: str) -> list[Any]:
         """Every value logged under ``key``, in order."""
@@ -88,6 +90,8 @@ def read_run(path: Path) -> WandbRun:
         elif kind == "config":
             for item in record.config.update:
                 run.config[_key(item)] = json.loads(item.value_json)
+        elif kind == "exit":
+            run.exited = True
         elif kind == "metric":
             m = record.metric
             run.metrics[m.name or m.glob_name] = {"step_metric": m.step_metric}
@@ -120,3 +124,36 @@ def table_keys(run: WandbRun) -> set[str]:
         for k, v in row.items()
         if k.endswith("/_type") and v == "table-file"
     }
+
+
+class OfflineWandb:
+    """A W&B offline sandbox: ``dir`` is the ``WANDB_DIR``; ``runs()`` reads back its runs."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def runs(self):  # type: ignore[no-untyped-def]
+        return find_runs(self.dir)
+
+    def only_run(self, timeout: float = 90.0):  # type: ignore[no-untyped-def]
+        """The single run, once W&B's writer has finished it (its ``exit`` record is written).
+
+        ``wandb.finish()`` can return before the offline writer (a separate service process)
+        has flushed the run's record log; on a loaded machine a read straight after it saw
+        the tables logged at the end of fit missing (CI, 2026-11-26). The ``exit`` record is
+        written last, after every record the run sent, so it is the one safe point to read.
+        """
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = self.runs()
+            if (len(runs) == 1 and runs[0].exited) or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        assert len(runs) == 1, f"expected one W&B run under {self.dir}, found {len(runs)}"
+        assert runs[0].exited, (
+            f"{runs[0].path}: no exit record after {timeout:.0f} s; was wandb.finish() called "
+            "before the read?"
+        )
+        return runs[0]

@@ -526,7 +526,7 @@ def test_keys_reach_the_offline_wandb_run(
     )
     _trainer(tmp_path, callback, max_steps=4, logger=logger).fit(TimedModel())
     wandb.finish()
-    run = _finished_run(wandb_offline)
+    run = wandb_offline.only_run()  # waits for the run's exit record
     expected = {
         f"{P}{k}"
         for k in (
@@ -564,17 +564,6 @@ def test_keys_reach_the_offline_wandb_run(
     assert 0.0 <= run.summary[f"{P}mean_data_wait_fraction"] <= 1.0
     assert run.summary[f"{P}mean_mfu"] > 0
     assert run.summary["system/gpu/peak_mem_used_gb"] == 3.0
-
-
-def _finished_run(wandb_offline: Any, timeout: float = 60.0) -> Any:
-    # wandb.finish() can return before the offline writer has flushed the run file on a
-    # loaded machine: read it again until the summary (written last) is there.
-    deadline = time.monotonic() + timeout
-    while True:
-        run = wandb_offline.only_run()
-        if run.summary or time.monotonic() > deadline:
-            return run
-        time.sleep(0.2)
 
 
 # ---- checkpoint resume -------------------------------------------------------------------
