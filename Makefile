@@ -17,7 +17,8 @@ GPU_CHECK_OUT ?= gpu-check-output
 PL_ONLY_VENV ?= .venv-pl-only
 PL_ONLY_STAMP := $(PL_ONLY_VENV)/.speedpack-installed
 
-.PHONY: setup test test-grid lint typecheck pytest test-one-namespace demo bench gpu-check clean
+.PHONY: setup test test-all test-rest test-grid lint typecheck pytest pytest-rest test-one-namespace \
+	demo bench bench-check bench-check-stable gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +39,15 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# `make test`: the fast, deterministic tests (<= 10 minutes on a 2-core machine). The rest (marked
+# slow, ddp, browser, and the whole grid) run in `make test-all`, which CI runs.
+FAST_TESTS := not slow and not ddp and not browser and not grid
+
 pytest: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "$(FAST_TESTS)"
+
+pytest-rest: setup
+	$(BIN)/python -m pytest -p no:cacheprovider -m "(slow or ddp or browser) and not grid"
 
 $(PL_ONLY_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PL_ONLY_VENV)
@@ -53,6 +61,13 @@ test-one-namespace: $(PL_ONLY_STAMP)
 
 test: lint typecheck pytest test-one-namespace
 
+# Everything `make test` leaves out: slow, DDP and browser tests, the whole grid (less the cases
+# `make test` already ran) and the memory and count bounds of benchmarks/bounds.toml.
+test-rest: pytest-rest bench-check-stable
+	SPEEDPACK_GRID_SKIP_FAST=1 $(MAKE) test-grid
+
+test-all: test test-rest
+
 # The full "invisible to the job" grid (stacks x workers x pack modes, ~20 min); CI runs it after
 # `make test`, which runs its fast subset.
 test-grid: setup
@@ -63,6 +78,14 @@ demo: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
+
+# Each headline figure against its bound (benchmarks/bounds.toml); run it before you stop.
+bench-check: setup
+	$(BIN)/python benchmarks/bench_check.py
+
+# The memory and count bounds only: stable on a loaded machine, so CI runs them.
+bench-check-stable: setup
+	$(BIN)/python benchmarks/bench_check.py --stable
 
 # On a GPU machine: no venv, no install; the repository and the machine's own torch, Lightning and
 # nvidia-ml-py (see BENCHMARKS.md, "On a GPU"). Without CUDA it runs dry (CPU, toy sizes).

@@ -30,6 +30,8 @@ from lightning_speedpack.doctor.runner import run_script
 from tests.helpers.browser import Chromium, Rendered, chromium_or_skip, render
 from tests.helpers.namespaces import Namespace, each_namespace
 
+pytestmark = pytest.mark.browser  # make test-all (and CI), not the fast `make test`
+
 REPO = Path(__file__).resolve().parents[2]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
