@@ -12,7 +12,20 @@ from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_speedpack.advisor import rules as _advice
+from lightning_speedpack.advisor.checklist import (
+    gpu_report_checks,
+    gpu_start_checks,
+    in_table_order,
+    report_checks,
+    start_checks,
+)
+from lightning_speedpack.advisor.fixes import (
+    APPLICABLE_FIXES,
+    undo_zero_grad_set_to_none,
+    zero_grad_set_to_none,
+)
 from lightning_speedpack.advisor.measured import with_measured_gains
+from lightning_speedpack.advisor.report import print_findings, summary_fields, table_rows
 from lightning_speedpack.advisor.rules import AdvisorFinding, DeviceInfo, LoaderSettings
 from lightning_speedpack.advisor.run_inputs import (
     fixed_shapes,
@@ -26,17 +39,12 @@ from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_info
 from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
-from lightning_speedpack.core.tables import TABLES, Cell, log_fit_end, log_summary, log_table
+from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
 __all__ = ["APPLICABLE_FIXES", "AdvisorFinding", "DeviceInfo", "SpeedAdvisor"]
-
-APPLICABLE_FIXES = ("cudnn_benchmark", "channels_last", "zero_grad_set_to_none")
-"""The fixes ``SpeedAdvisor(apply=...)`` may apply at fit start."""
-
-_ORDER = {finding_id: i for i, finding_id in enumerate(_advice.FINDING_IDS)}
 
 
 class SpeedAdvisor(Callback):
@@ -304,48 +312,24 @@ class SpeedAdvisor(Callback):
         if reason is not None:
             self.skipped = dict.fromkeys(sorted(_advice.GPU_ONLY_IDS), reason)
         loaders = [LoaderSettings.from_dataloader(dl, name) for name, dl in train_loaders(trainer)]
-        self.gpu_findings = self._for_gpu(trainer, pl_module, loaders, device) if reason else []
-        epochs = planned_epochs(trainer)
+        precision = str(trainer.precision)
+        self.gpu_findings = (
+            gpu_start_checks(pl_module, loaders, device, precision=precision) if reason else []
+        )
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        found: list[AdvisorFinding] = []
-        for loader in loaders:
-            found += _advice.check_dataloader_workers(loader, cores or 1, trainer.num_devices)
-            found += _advice.check_pin_memory(loader, device)
-            found += _advice.check_persistent_workers(loader, epochs)
-        batch_size = loaders[0].batch_size if loaders else None
-        where = loaders[0].name if loaders else "train_dataloader"
-        found += _advice.check_batch_size_multiple(batch_size, device, where)
-        found += _advice.check_layer_dims(pl_module, device)
-        found += _advice.check_conv_bias_before_bn(pl_module)
-        found += _advice.check_precision(str(trainer.precision), device)
-        found += _advice.check_channels_last(pl_module, device)
-        found += _advice.check_dataparallel(pl_module)
-        found += _advice.check_sync_batchnorm(pl_module, trainer.world_size, batch_size)
-        self._static = found
+        self._static = start_checks(
+            pl_module,
+            loaders,
+            device,
+            precision=precision,
+            cores=cores or 1,
+            devices=trainer.num_devices,
+            world_size=trainer.world_size,
+            epochs=planned_epochs(trainer),
+        )
         self._measuring = True
         self._fetches, self._tapped = FetchTimer(self._on_fetch), trainer
         tap(trainer, self._fetches)
-
-    @staticmethod
-    def _for_gpu(
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        loaders: list[LoaderSettings],
-        device: DeviceInfo,
-    ) -> list[AdvisorFinding]:
-        """The GPU-only checks read as if this run were on a tensor-core GPU, for later.
-
-        Kept as ``info`` labelled "on GPU" (``pays_on``): what pays once the model moves to a
-        GPU, listed after what pays here. ``cudnn-benchmark`` needs the measured shapes and is
-        added at the report.
-        """
-        gpu = _advice.as_if_on_gpu(device)
-        found: list[AdvisorFinding] = []
-        for loader in loaders:
-            found += _advice.check_pin_memory(loader, gpu)
-        found += _advice.check_precision(str(trainer.precision), gpu)
-        found += _advice.check_channels_last(pl_module, gpu)
-        return _advice.for_gpu(found)
 
     # --- measurement -----------------------------------------------------------------------
 
@@ -490,7 +474,7 @@ class SpeedAdvisor(Callback):
 
     def _show(self, checked: list[AdvisorFinding]) -> None:
         """Keep the checks' findings; :attr:`findings` is them, with WhatIf's measured gains."""
-        self._checked = sorted(checked, key=lambda f: _ORDER.get(f.id, len(_ORDER)))
+        self._checked = in_table_order(checked)
         self.findings = with_measured_gains(self._checked, self._trials)
 
     def _restore(self) -> None:
@@ -510,9 +494,8 @@ class SpeedAdvisor(Callback):
         if self._cudnn_before is not None:
             torch.backends.cudnn.benchmark = self._cudnn_before
             self._cudnn_before = None
-        module = self._patched_module
-        if module is not None:
-            module.__dict__.pop("optimizer_zero_grad", None)
+        if self._patched_module is not None:
+            undo_zero_grad_set_to_none(self._patched_module)
             self._patched_module = None
         self._remove_hooks()
 
@@ -528,24 +511,25 @@ class SpeedAdvisor(Callback):
         self.measured_steps = self._steps
         total = self._wait_s + self._step_s
         self.data_wait_fraction = self._wait_s / total if self._steps and total > 0 else None
-        found = list(self._static)
-        found += _advice.check_data_wait(
-            self._wait_s, self._step_s, self._steps, self.data_wait_threshold
+        shapes = fixed_shapes(self._shapes)
+        found = report_checks(
+            self._static,
+            module,
+            self._device,
+            wait_s=self._wait_s,
+            step_s=self._step_s,
+            steps=self._steps,
+            threshold=self.data_wait_threshold,
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+            fixed_shapes=shapes,
+            stale_param=self._stale_param,
+            stale_step=self._stale_step,
+            eval_grad=self._eval_grad,
+            measured=self._measured,
+            data_wait_fraction=self.data_wait_fraction,
         )
-        found += _advice.check_cudnn_benchmark(
-            module, torch.backends.cudnn.benchmark, fixed_shapes(self._shapes), self._device
-        )
-        found += _advice.check_zero_grad(self._stale_param, self._stale_step)
-        found += _advice.check_eval_grad(self._eval_grad)
-        found = _advice.with_measured_workers(found, self._measured)
-        found = _advice.with_measured_wait(found, self._measured, self.data_wait_threshold)
-        found = self._with_own_wait(found)
         if not self._device.is_gpu:  # a run off CUDA: cuDNN autotuning too, read for a GPU
-            gpu = _advice.as_if_on_gpu(self._device)
-            shapes = fixed_shapes(self._shapes)
-            self.gpu_findings += _advice.for_gpu(
-                _advice.check_cudnn_benchmark(module, False, shapes, gpu)
-            )
+            self.gpu_findings += gpu_report_checks(module, self._device, shapes)
         self._show(_advice.with_measured_copy(found, self._copy))
         self._remove_hooks()
         if self.verbose and trainer.is_global_zero:
@@ -553,36 +537,15 @@ class SpeedAdvisor(Callback):
 
     def print_table(self, console: Any = None) -> None:
         """Print :attr:`findings` (and the skipped checks) as a rich table, to stderr by default."""
-        # A table in a terminal; in a log file, records unless the table fits (core.console).
-        from lightning_speedpack.core.console import make_console, print_paragraph, print_table
+        from lightning_speedpack.core.console import make_console
 
-        console = console or make_console()
-        rows = [[_severity(f), f.id, f.message, f.evidence, f.fix] for f in self.findings]
-        title = f"SpeedAdvisor: {len(self.findings)} finding(s)"
-        columns = ("severity", "id", "finding", "evidence", "fix")
-        print_table(console, title, columns, rows, show_lines=True)
-        if self.skipped:
-            reasons = sorted(set(self.skipped.values()))
-            line = f"skipped {', '.join(sorted(self.skipped))}: {'; '.join(reasons)}"
-            if self.gpu_findings:  # read for a GPU instead: what would pay there
-                found = ", ".join(dict.fromkeys(f.id for f in self.gpu_findings))
-                line += f"; for a GPU later, see gpu_findings: {found}"
-            print_paragraph(console, line)
+        print_findings(console or make_console(), self.findings, self.skipped, self.gpu_findings)
 
     def log_tables(self, trainer: pl.Trainer) -> None:
         """Log the ``speedpack/advisor`` table and its summary counts (rank 0, no sync)."""
-        rows: list[list[Cell]] = [
-            [f.id, f.severity, f.evidence, f.fix, f.location] for f in self.findings
-        ]
+        rows = table_rows(self.findings)
         log_table(trainer, "speedpack/advisor", TABLES["speedpack/advisor"], rows)
-        fields: dict[str, Cell] = {
-            f"speedpack/advisor/{severity}": sum(f.severity == severity for f in self.findings)
-            for severity in ("error", "warning", "info")
-        }
-        fields["speedpack/advisor_findings"] = len(self.findings)
-        if self.data_wait_fraction is not None:
-            fields["speedpack/advisor/data_wait_fraction"] = round(self.data_wait_fraction, 4)
-        log_summary(trainer, fields)
+        log_summary(trainer, summary_fields(self.findings, self.data_wait_fraction))
 
     def doctor_findings(self) -> list[Finding]:
         """:attr:`findings`, then :attr:`gpu_findings`, as the doctor's (component ``"advisor"``).
@@ -602,25 +565,7 @@ class SpeedAdvisor(Callback):
         rank_zero_info(f"SpeedAdvisor applied {name}: {what}")
 
     def _patch_zero_grad(self, pl_module: pl.LightningModule) -> None:
-        hook = pl_module.optimizer_zero_grad
-
-        def optimizer_zero_grad(epoch: int, batch_idx: int, optimizer: Any) -> None:
-            saved = optimizer.__dict__.get("zero_grad")
-            original = optimizer.zero_grad
-
-            def zero_grad(*args: Any, **kwargs: Any) -> None:
-                original(set_to_none=True)
-
-            optimizer.zero_grad = zero_grad
-            try:
-                hook(epoch, batch_idx, optimizer)
-            finally:
-                if saved is None:
-                    del optimizer.zero_grad
-                else:
-                    optimizer.zero_grad = saved
-
-        pl_module.__dict__["optimizer_zero_grad"] = optimizer_zero_grad
+        zero_grad_set_to_none(pl_module)
         self._patched_module = pl_module
 
     def _watch_validation(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -642,10 +587,6 @@ class SpeedAdvisor(Callback):
 
 def _doctor_advisor(_ctx: Any) -> Callback:
     return SpeedAdvisor(verbose=False)
-
-
-def _severity(finding: AdvisorFinding) -> str:
-    return f"{finding.severity}, on {finding.pays_on}" if finding.pays_on else finding.severity
 
 
 register_diagnostic("advisor", SpeedAdvisor, factory=_doctor_advisor, order=50)

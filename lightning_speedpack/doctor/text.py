@@ -33,8 +33,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Column
@@ -53,18 +53,68 @@ from lightning_speedpack.core.console import (
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.doctor.grouping import presented
 
-if TYPE_CHECKING:
-    from lightning_speedpack.doctor.report import Report, RunSummary
-
-__all__ = ["finding_lines", "print_report", "run_rows", "severity_label"]
+__all__ = [
+    "PrintedReport",
+    "PrintedRun",
+    "finding_lines",
+    "print_report",
+    "run_rows",
+    "severity_label",
+]
 
 #: The measured goal of the log layout: lines per finding, per 100 characters of its message.
 LINES_PER_100_CHARS = 3
 _WHAT_IF = ("knob", "today", "candidate", "before", "after", "gain", "verdict", "note")
 
 
+class PrintedRun(Protocol):
+    """What the text reads of one run: a :class:`~lightning_speedpack.doctor.report.RunSummary`.
+
+    Described here, not imported: ``Report.print`` imports this module.
+    """
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds of the fit."""
+        ...
+
+    @property
+    def samples(self) -> int:
+        """Samples (or the run's own unit) the fit trained on."""
+        ...
+
+    @property
+    def samples_per_sec(self) -> float:
+        """:attr:`samples` over :attr:`wall_s`."""
+        ...
+
+    @property
+    def figures(self) -> dict[str, Any]:
+        """What the diagnostics measured about the run, by name."""
+        ...
+
+
+class PrintedReport(Protocol):
+    """What the text reads of a report: a :class:`~lightning_speedpack.doctor.report.Report`."""
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The findings, as the doctor collected them."""
+        ...
+
+    @property
+    def runs(self) -> Sequence[PrintedRun]:
+        """One per ``Trainer.fit``."""
+        ...
+
+    @property
+    def skipped(self) -> list[str]:
+        """What the run left out that ``--deep`` adds."""
+        ...
+
+
 def print_report(
-    report: Report,
+    report: PrintedReport,
     console: Console | None = None,
     *,
     layout: str | None = None,
@@ -92,7 +142,7 @@ def print_report(
     _print_findings(console, report.findings)
 
 
-def _print_runs(console: Console, runs: list[RunSummary]) -> None:
+def _print_runs(console: Console, runs: Sequence[PrintedRun]) -> None:
     if not runs:
         print_paragraph(console, "No Trainer.fit ran to completion, so there are no run figures.")
         return
@@ -104,7 +154,7 @@ def _print_runs(console: Console, runs: list[RunSummary]) -> None:
         _print_what_if(console, i, run.figures.get("what_if"))
 
 
-def run_rows(runs: list[RunSummary]) -> tuple[list[str], list[list[Cell]]]:
+def run_rows(runs: Sequence[PrintedRun]) -> tuple[list[str], list[list[Cell]]]:
     """The runs as columns (``run``, ``wall s``, ..., then each scalar figure) and rows of text.
 
     Figures that are lists or tables (series, the wall-time ledger) stay in the JSON.

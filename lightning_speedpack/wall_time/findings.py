@@ -5,21 +5,23 @@ Thresholds (share of the fit's wall time, from the issue that asked for them): v
 one callback's hooks over 5%. Settings that slow every step whatever they cost here (more CPU
 threads than cores, anomaly detection, a profiler, a batch of a few samples) are read from the
 run and carry the training steps' measured share.
+
+:func:`wall_findings` reads a :class:`LedgerReadings`: what
+:class:`~lightning_speedpack.wall_time.callback.WallTimeLedger` measured, described here so that
+this module need not import the callback that imports it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader
 
 from lightning_speedpack.core.findings import Finding, Severity
 from lightning_speedpack.core.nested import leaves
-
-if TYPE_CHECKING:
-    from lightning_speedpack.wall_time.callback import WallTimeLedger
+from lightning_speedpack.wall_time.ledger import Ledger
 
 __all__ = [
     "CALLBACK_SHARE",
@@ -28,6 +30,7 @@ __all__ = [
     "LOGGING_SHARE",
     "SMALL_BATCH",
     "VALIDATION_SHARE",
+    "LedgerReadings",
     "RunSettings",
     "ValidationRun",
     "wall_findings",
@@ -99,6 +102,34 @@ class RunSettings:
         )
 
 
+class LedgerReadings(Protocol):
+    """What :func:`wall_findings` reads of a fit: a ``WallTimeLedger`` after (or during) it."""
+
+    ledger: Ledger
+    validation_runs: list[ValidationRun]
+    epoch_starts: list[float]
+    settings: RunSettings | None
+    saves: int
+    train_batches: int
+
+    @property
+    def total_s(self) -> float:
+        """Seconds from the first event to the last."""
+        ...
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per part of the ledger."""
+        ...
+
+    def callback_seconds(self) -> dict[str, float]:
+        """Seconds per callback's hooks."""
+        ...
+
+    def fractions(self) -> dict[str, float]:
+        """Each part's share of :attr:`total_s`."""
+        ...
+
+
 def _train_loader(trainer: Any) -> DataLoader[Any] | None:
     loaders = leaves(trainer.train_dataloader, DataLoader)  # one, or a list or mapping of them
     return loaders[0] if loaders else None
@@ -114,7 +145,7 @@ def _checkpoint_settings(callback: Any) -> dict[str, Any]:
     }
 
 
-def wall_findings(ledger: WallTimeLedger) -> list[Finding]:
+def wall_findings(ledger: LedgerReadings) -> list[Finding]:
     """Every finding the ledger's figures and the run's settings support, largest share first."""
     shares = ledger.fractions()
     settings = ledger.settings or RunSettings()
@@ -148,7 +179,7 @@ def _finding(
     )
 
 
-def _validation(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+def _validation(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Finding]:
     if share <= VALIDATION_SHARE:
         return []
     runs = ledger.validation_runs
@@ -173,7 +204,7 @@ def _validation(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Fi
     ]
 
 
-def _checkpoint(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+def _checkpoint(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Finding]:
     if share <= CHECKPOINT_SHARE:
         return []
     seconds = ledger.seconds()["checkpoint"]
@@ -197,7 +228,7 @@ def _checkpoint(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Fi
     ]
 
 
-def _logging(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+def _logging(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Finding]:
     if share <= LOGGING_SHARE:
         return []
     seconds = ledger.seconds()["logging"]
@@ -224,7 +255,7 @@ def _logging(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Findi
     ]
 
 
-def _epoch_starts(ledger: WallTimeLedger, share: float, s: RunSettings) -> list[Finding]:
+def _epoch_starts(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Finding]:
     starts = ledger.epoch_starts
     if share <= EPOCH_START_SHARE or not starts:
         return []
@@ -268,7 +299,7 @@ TRIAL_CALLBACKS = frozenset({"WhatIf", "BatchSizeTuner"})
 PROBE_HOOKS = {"DataPipelineProfiler": "on_train_start"}
 
 
-def _callbacks(ledger: WallTimeLedger) -> list[Finding]:
+def _callbacks(ledger: LedgerReadings) -> list[Finding]:
     total = ledger.total_s
     out = []
     for name, seconds in ledger.callback_seconds().items():
@@ -336,7 +367,7 @@ def _probe_finding(name: str, seconds: float, total: float) -> Finding:
     )
 
 
-def _settings(ledger: WallTimeLedger, step_share: float, s: RunSettings) -> list[Finding]:
+def _settings(ledger: LedgerReadings, step_share: float, s: RunSettings) -> list[Finding]:
     seconds = ledger.seconds()["training_step"]
     steps = f"training steps took {step_share:.0%} of the wall time"
     out = []

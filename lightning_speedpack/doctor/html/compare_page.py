@@ -1,6 +1,6 @@
 """The page of ``speedpack compare --html``: doctor reports side by side, ratios to the first.
 
-Made from :func:`lightning_speedpack.doctor.compare.compare`: a summary strip (samples/s and
+Made from :func:`lightning_speedpack.doctor.comparison.compare`: a summary strip (samples/s and
 wall time of each report with its ratio to the first), samples/s over steps of every report on
 one chart, the phase shares and the wall-time ledgers side by side, every figure with its
 ratio, the findings gone and new against the first, and each report's findings in full.
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_speedpack.core.findings import findings_from_dicts
-from lightning_speedpack.doctor.compare import LABELS, Comparison, compare
+from lightning_speedpack.doctor.comparison import LABELS, Comparison, compare
 from lightning_speedpack.doctor.html import charts
 from lightning_speedpack.doctor.html.findings import finding_list
 from lightning_speedpack.doctor.html.markup import (
