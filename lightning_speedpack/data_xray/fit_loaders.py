@@ -28,7 +28,7 @@ from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
 from lightning_speedpack.core.stages import RowSnapshot
 from lightning_speedpack.data_xray.instrument import LoaderProbe
 from lightning_speedpack.data_xray.loaders import opaque_loaders
-from lightning_speedpack.data_xray.pipeline import PipelineTotals, delta
+from lightning_speedpack.data_xray.pipeline import PipelineTotals, delta, read_table
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -147,7 +147,7 @@ class FitLoaders:
         now = time.perf_counter()
         for probe in self.probes:
             probe.count_from = now
-            rows = probe.table.read()
+            rows = read_table(probe.table)
             for r in probe.live_rows():  # the fit's own processes: counted from their start
                 rows[r].pid = 0
             self._reads[id(probe)] = (rows, now)
@@ -158,7 +158,7 @@ class FitLoaders:
         window = PipelineTotals()
         now = time.perf_counter()
         for probe in self.probes:
-            rows = probe.table.read()
+            rows = read_table(probe.table)
             before, t_before = self._reads.get(id(probe), (None, now))
             if before is None:
                 t_before = min((r.start for r in rows if r.pid), default=now)

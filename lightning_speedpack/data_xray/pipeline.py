@@ -9,10 +9,63 @@ CounterTable`) now and then; :func:`delta` turns two reads into what happened in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+
+from lightning_speedpack.core import stages as _stages
 from lightning_speedpack.core.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, RowSnapshot
 
-__all__ = ["PipelineTotals", "RowDelta", "delta", "format_stage_table"]
+__all__ = ["PipelineTotals", "RowDelta", "delta", "format_stage_table", "read_table"]
+
+
+def read_table(table: _stages.CounterTable) -> list[RowSnapshot]:
+    """``table.read()``, the same rows, at a fraction of the cost (read once per log window).
+
+    ``CounterTable.read`` decodes every stage slot of every row (16 slots a row, rows for four
+    worker-pool generations): ~0.1 ms a row. Here one numpy pass finds the slots that counted
+    anything, and only those are decoded; numbers are read with ``tolist`` (Python floats).
+
+    Example:
+        >>> table = _stages.CounterTable(rows=2)
+        >>> rec = _stages.activate(table, row=1)
+        >>> with _stages.stage("decode"):
+        ...     pass
+        >>> _stages.deactivate()
+        >>> read_table(table) == table.read()
+        True
+    """
+    values: Any = table.cells.copy()
+    names: Any = table.name_bytes.copy()
+    s0, n = _stages.F_STAGES, _stages.MAX_STAGES
+    counts = values[:, s0 + 1 : s0 + 2 * n : 2]
+    used = counts != 0  # the slots that counted anything (a name is checked below)
+    rows: list[list[float]] = values.tolist()
+    out = []
+    for r, row in enumerate(rows):
+        stages: dict[str, tuple[float, float]] = {}
+        for s in np.flatnonzero(used[r]).tolist():
+            raw = bytes(names[r, s]).rstrip(b"\0")
+            if not raw:
+                continue
+            name = raw.decode("utf-8", "replace")
+            old = stages.get(name, (0.0, 0.0))
+            stages[name] = (old[0] + row[s0 + 2 * s], old[1] + row[s0 + 2 * s + 1])
+        out.append(
+            RowSnapshot(
+                start=row[_stages.F_START],
+                pid=int(row[_stages.F_PID]),
+                fetch_seconds=row[_stages.F_FETCH_S],
+                samples=row[_stages.F_FETCH_N],
+                collate_seconds=row[_stages.F_COLLATE_S],
+                batches=row[_stages.F_COLLATE_N],
+                overflow=bool(row[_stages.F_OVERFLOW]),
+                stages=stages,
+                ring=row[_stages.F_RING : s0],
+                fetch_cpu_seconds=row[_stages.F_FETCH_CPU],
+            )
+        )
+    return out
 
 
 @dataclass

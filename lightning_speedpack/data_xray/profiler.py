@@ -9,6 +9,7 @@ import torch
 from typing_extensions import override
 
 from lightning_speedpack.core import stages as _stages
+from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_info, rank_zero_warn
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
@@ -17,7 +18,6 @@ from lightning_speedpack.data_xray.ceilings import (
     batch_unit,
     cpu_count,
     loader_ceiling,
-    samples_in_batch,
     verdict,
 )
 from lightning_speedpack.data_xray.fit_loaders import FitLoaders
@@ -196,6 +196,10 @@ class DataPipelineProfiler(Callback):
         self.not_timed: str | None = None  # why the stages were not timed (not a DataLoader)
         self._loader_fix: str | None = None  # the data-bound fix for that kind of loader
         self._loaders = FitLoaders()  # runtime only (a fresh one when pickled)
+        # Per batch: the fast path of core.batch (one C call for an (x, y) tuple), 1 when a
+        # batch says no size, as samples_in_batch; the log interval is read once per fit.
+        self._sizer = BatchSizer()
+        self._every = log_every_n_steps or 50
 
     @property
     @override
@@ -221,6 +225,8 @@ class DataPipelineProfiler(Callback):
         self.epochs, self.run_check, self._epoch = [], None, None
         self._epoch_totals, self._ours_cached, self._unmeasured = PipelineTotals(), False, []
         self.not_timed, self._loader_fix = None, None
+        self._sizer = BatchSizer()
+        self._every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
         self._loaders.new_fit()
         self._loaders.shadow(trainer)
 
@@ -263,11 +269,12 @@ class DataPipelineProfiler(Callback):
         self._batches += 1
         if self._batches == 1:
             self._unit = batch_unit(batch)  # graphs for PyG: the verdict says graphs/s
-        if self._epoch is not None:
-            self._epoch.samples += samples_in_batch(batch)
-            self._epoch.batches += 1
-        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        if trainer.global_step % every == 0 and trainer.global_step != self._last_logged_step:
+        epoch = self._epoch
+        if epoch is not None:
+            epoch.samples += self._sizer(batch)
+            epoch.batches += 1
+        step = trainer.global_step
+        if step % self._every == 0 and step != self._last_logged_step:
             self._window()
             self._log(trainer)
 

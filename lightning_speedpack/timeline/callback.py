@@ -127,8 +127,10 @@ class StepTimeline(Callback):
     injected fake events.
 
     With a listener on :data:`lightning_speedpack.core.events.BATCH_TRANSFER` (a
-    :class:`~lightning_speedpack.SpeedAdvisor`), every training batch publishes the run's
-    measured copy so far (:meth:`measured_transfer`); nobody listening costs one dict lookup.
+    :class:`~lightning_speedpack.SpeedAdvisor`), the run's measured copy so far
+    (:meth:`measured_transfer`) is published on every logging step and at the end of every
+    training epoch (so the last one published covers every batch before anyone's
+    ``on_train_end``); nobody listening costs one dict lookup.
 
     Nothing is left behind: after fit, an exception or ``KeyboardInterrupt`` the profiler is
     stopped (an interrupted window writes no file), every NVTX range is popped, the optimizer
@@ -362,14 +364,13 @@ class StepTimeline(Callback):
         self._clock.end_batch(time.perf_counter())
         self._in_batch = False
         self._step_open = False
-        if events.has_subscribers(events.BATCH_TRANSFER):
-            events.publish(events.BATCH_TRANSFER, self.measured_transfer())
         step = trainer.global_step
         window = self._window
         if window is not None and window.should_stop(step):
             self._finish_window(trainer)
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
         if step % every == 0 and step != self._last_logged_step:
+            self._publish_transfer()  # once per logging window, not per batch
             self._log(trainer)
         self._open_step(trainer)
 
@@ -385,12 +386,14 @@ class StepTimeline(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._publish_transfer()  # every batch of the epoch in it, before any on_train_end
         self._pause()
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._pause()
         self._clock.discard_batch()  # a data wait with no batch after it
+        self._publish_transfer()  # the fit's last figure (for whoever reads after the fit)
         if self._window is not None and self._window.running:
             self._finish_window(trainer)
         if self._clock.window.batches and trainer.global_step != self._last_logged_step:
@@ -449,6 +452,12 @@ class StepTimeline(Callback):
         else:
             self._copy.end()
             self._flat("other", now)
+
+    def _publish_transfer(self) -> None:
+        if events.has_subscribers(events.BATCH_TRANSFER):
+            measured = self.measured_transfer()
+            if measured is not None:
+                events.publish(events.BATCH_TRANSFER, measured)
 
     def _watch_transfer(self, trainer: pl.Trainer) -> None:
         """Listen to the profiler's actions; decide how this fit's copies are measured."""

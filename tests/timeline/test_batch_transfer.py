@@ -262,13 +262,15 @@ def test_cuda_events_time_the_sampled_copies_without_waiting(
 # ---- published for the advisor ---------------------------------------------------------------
 
 
-def test_each_training_batch_publishes_the_run_so_far(tmp_path: Path) -> None:
+def test_each_logging_step_and_epoch_end_publish_the_run_so_far(tmp_path: Path) -> None:
+    # Not every batch (that cost a few microseconds a step): every logging step, the end of
+    # every epoch (before anyone's on_train_end) and the end of training.
     seen: list[events.BatchTransfer] = []
-    timeline = StepTimeline(nvtx=False)
+    timeline = StepTimeline(nvtx=False, log_every_n_steps=3)
     trainer = Trainer(callbacks=[timeline], **quiet_trainer_kwargs(tmp_path, max_steps=4))
     with events.subscribe(events.BATCH_TRANSFER, seen.append):
         trainer.fit(TinyCNN())
-    assert [m.batches for m in seen] == [1, 2, 3, 4]
+    assert [m.batches for m in seen] == [3, 4, 4]
     last = seen[-1]
     assert last == timeline.measured_transfer()
     assert last.bytes_per_batch == 16 * 3 * 32 * 32 * 4 + 16 * 8
