@@ -13,16 +13,24 @@ Writes >= 2,000 JPEGs of varied sizes to a temporary folder; ``__getitem__`` dec
 - a stream (``IterableDataset``) of 512 slow items (2 ms each) wrapped by ``CachedDataset``:
   epoch 1 (streams and fills) against epoch 2 (served from the arena), 0 and 2 workers;
 - total PSS for 100k small samples (3x32x32 uint8 + label), 1, 2 and 4 workers, alternating
-  the no-cache baseline and the cache round by round (medians).
+  the no-cache baseline and the cache round by round (medians);
+- ``stream-floor``: a cached stream's epoch 2 (served from the arena) against a ``TensorDataset``
+  of the same items in memory, 0 workers, alternating (medians).
 
-Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small]``.
+``quick_figures()`` gives ``benchmarks/bench_check.py`` these figures at a quick size.
+
+Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small,stream-floor]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +48,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import alternate, print_table
 
 from lightning_speedpack import CachedDataset
+
+__all__ = ["small_sample_pss_ratio", "stream_epoch2_ratio"]
+
+TOKENS = 96  # int64 tokens per sample of the tiny-sample figures
 
 
 class JpegFolder(Dataset[tuple[torch.Tensor, int]]):
@@ -102,6 +114,133 @@ class SmallSamples(Dataset[tuple[torch.Tensor, int]]):
         return torch.full((3, 32, 32), i % 251, dtype=torch.uint8), i % 10
 
 
+class Tokens(Dataset[torch.Tensor]):
+    """``n`` samples of ``TOKENS`` int64 tokens, computed on the fly (nothing kept per index)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.arange(i, i + TOKENS, dtype=torch.int64)
+
+
+class TokenStream(IterableDataset[torch.Tensor]):
+    """The same samples as ``Tokens`` as a stream that splits itself across workers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(worker, self.n, workers):
+            yield torch.arange(i, i + TOKENS, dtype=torch.int64)
+
+
+def _pss_child(variant: str, workers: int, n: int) -> None:
+    """One measurement of ``small_sample_pss_ratio`` (run in a fresh process): print its PSS."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    data: Dataset[Any] = Tokens(n)
+    if variant == "cached":
+        data = CachedDataset(data, key=f"tokens-{os.getpid()}")
+    dl = loader(data, workers, batch_size=256)
+    epoch_seconds(dl)
+    epoch_seconds(dl)
+    gc.collect()
+    time.sleep(0.2)  # the workers' prefetch of the next epoch has nothing to do: settled
+    print("RESULT " + json.dumps({"pss": total_pss()}), flush=True)
+
+
+def small_sample_pss_ratio(workers: int, quick: bool = True, rounds: int = 3) -> float:
+    """Total PSS a ``CachedDataset`` of tiny samples adds, over the payload (median of rounds).
+
+    ``n`` samples of 96 int64 tokens (768 bytes each; 100,000, or 40,000 with ``quick``),
+    batch 256, shuffled, forked persistent workers, two epochs; total PSS of the main process
+    and its workers (psutil ``memory_full_info().pss``). Each round runs the uncached dataset
+    and the cache, alternating, each in a fresh child process, so both start from the same
+    interpreter state; the figure is (cached - uncached) / payload. Issue 38's bound: <= 1.15.
+    """
+    n = 40_000 if quick else 100_000
+    payload = n * TOKENS * 8
+    ratios = []
+    for _ in range(rounds):
+        pss = {
+            v: _run_child(["--pss-child", v, "--workers", str(workers), "--n", str(n)])["pss"]
+            for v in ("uncached", "cached")
+        }
+        ratios.append((pss["cached"] - pss["uncached"]) / payload)
+    return statistics.median(ratios)
+
+
+def _run_child(args: list[str]) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=600, check=True
+    ).stdout
+    line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return result
+
+
+def stream_epoch2_ratio(quick: bool = True, repeats: int = 5) -> float:
+    """A cached stream's epoch 2 over the same items in an in-memory ``TensorDataset``.
+
+    ``CachedDataset(TokenStream(n), shuffle=True)`` (8,192 items of 96 int64 tokens, or 4,096
+    with ``quick``) against a shuffled ``TensorDataset`` of the same tensor, batch 32, 2 forked
+    persistent workers each; epoch 1 of both first (the stream fills the arena), then
+    ``repeats`` epochs of each, alternating; the ratio of the medians (issue 38: 1.16).
+    """
+    n = 4096 if quick else 8192
+    torch.set_num_threads(1)
+    floor = TensorDataset(torch.stack(list(TokenStream(n))))
+    cached = CachedDataset(TokenStream(n), shuffle=True, key=f"stream-epoch2-{os.getpid()}")
+    try:
+        kwargs: dict[str, Any] = {
+            "batch_size": 32,
+            "num_workers": 2,
+            "persistent_workers": True,
+            "multiprocessing_context": "fork",
+        }
+        stream_dl = DataLoader(cached, **kwargs)
+        floor_dl = DataLoader(floor, shuffle=True, **kwargs)
+        epoch_seconds(stream_dl)  # streams and fills
+        epoch_seconds(floor_dl)
+        med = alternate(
+            {
+                "stream": lambda dl=stream_dl: epoch_seconds(dl),
+                "floor": lambda dl=floor_dl: epoch_seconds(dl),
+            },
+            repeats=repeats,
+        )
+        del stream_dl, floor_dl
+    finally:
+        cached.close()
+    return med["stream"] / med["floor"]
+
+
+def bench_tokens(quick: bool, repeats: int) -> None:
+    rounds = 3 if quick else 5
+    rows = [
+        [f"PSS added / payload, {w} workers", f"{small_sample_pss_ratio(w, quick, rounds):.3f}"]
+        for w in (2, 4)
+    ]
+    rows.append(
+        [
+            "stream epoch 2 / TensorDataset, 2 workers",
+            f"{stream_epoch2_ratio(quick, max(repeats, 5)):.3f}",
+        ]
+    )
+    print_table(
+        f"Tiny samples ({TOKENS} int64 tokens): medians of {rounds} rounds (PSS, fresh "
+        "processes) and of alternating epochs (stream); issue 38 bounds <= 1.15 and <= 1.16",
+        ["figure", "ratio"],
+        rows,
+    )
+
+
 def bench_stream(repeats: int) -> None:
     rows = []
     for workers in (0, 2):
@@ -141,6 +280,53 @@ def bench_stream(repeats: int) -> None:
             "epoch 1 / epoch 2 (goal >= 10x)",
         ],
         rows,
+    )
+
+
+def stream_floor_ratio(n: int, repeats: int) -> float:
+    """A cached stream's epoch 2 over an in-memory ``TensorDataset``'s (same items, 0 workers).
+
+    Batch 32, shuffled on both sides; the stream's epoch 1 fills the arena first. Ratio of the
+    medians of ``repeats`` alternating epochs.
+    """
+    items = [(torch.full((3, 32, 32), i % 251, dtype=torch.uint8), i % 10) for i in range(n)]
+    floor = TensorDataset(torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items]))
+    stream = CachedDataset(SlowStream(n, 0.0), shuffle=True, seed=0, key=f"stream-floor-{n}")
+    try:
+        loaders = {
+            "CachedStream": DataLoader(stream, batch_size=32),
+            "TensorDataset": loader(floor, 0, batch_size=32),
+        }
+        for dl in loaders.values():  # the stream's epoch 1 streams and fills
+            epoch_seconds(dl)
+        med = alternate(
+            {k: (lambda dl=dl: epoch_seconds(dl)) for k, dl in loaders.items()}, repeats
+        )
+    finally:
+        stream.close()
+    return med["CachedStream"] / med["TensorDataset"]
+
+
+def small_pss_ratio(n: int, workers: int, repeats: int) -> float:
+    """Total PSS a ``CachedDataset`` of ``n`` small samples adds, over the payload (median)."""
+    extras = []
+    for r in range(repeats):
+        baseline = pss_after_two_epochs(SmallSamples(n), workers, batch_size=256)
+        cached = CachedDataset(SmallSamples(n), key=f"small-q-{workers}-{r}")
+        try:
+            extras.append(pss_after_two_epochs(cached, workers, batch_size=256) - baseline)
+        finally:
+            cached.close()
+    return sorted(extras)[len(extras) // 2] / (n * 3 * 32 * 32)
+
+
+def bench_stream_floor(n: int, repeats: int) -> None:
+    ratio = stream_floor_ratio(n, repeats)
+    print_table(
+        f"A cached stream's epoch 2 against an in-memory TensorDataset: {n} items of 3x32x32 "
+        f"uint8, batch 32, 0 workers, medians of {repeats} alternating epochs",
+        ["CachedStream / TensorDataset"],
+        [[f"{ratio:.2f}x"]],
     )
 
 
@@ -211,6 +397,43 @@ def epoch_seconds(dl: DataLoader[Any]) -> float:
     return time.perf_counter() - start
 
 
+def epoch2_medians(
+    datasets: dict[str, Dataset[Any]], workers: int, repeats: int
+) -> dict[str, float]:
+    """Each dataset's epoch time after a first epoch (caches warm, workers started): medians."""
+    loaders = {name: loader(ds, workers) for name, ds in datasets.items()}
+    for dl in loaders.values():  # epoch 1: warm every cache, start every worker
+        epoch_seconds(dl)
+    return alternate(
+        {k: (lambda dl=dl: epoch_seconds(dl)) for k, dl in loaders.items()}, repeats=repeats
+    )
+
+
+def jpeg_epoch2_ratios(
+    n: int, lo: int, hi: int, size: int, workers: int, repeats: int
+) -> dict[str, float]:
+    """Epoch 2 of ``n`` JPEGs (``lo``-``hi`` px -> ``size``): uncached / cached, cached / floor."""
+    with tempfile.TemporaryDirectory(prefix="speedpack-bench-") as tmp:
+        base = JpegFolder(write_jpegs(Path(tmp), n, lo, hi), size)
+        decoded = [base[i] for i in range(n)]
+        floor = TensorDataset(
+            torch.stack([x for x, _ in decoded]), torch.tensor([y for _, y in decoded])
+        )
+        cached = CachedDataset(base, key=f"bench-q-{size}-{workers}")
+        try:
+            for i in range(n):  # fill once: every variant's "epoch 1"
+                cached[i]
+            med = epoch2_medians(
+                {"uncached": base, "CachedDataset": cached, "TensorDataset": floor},
+                workers,
+                repeats,
+            )
+        finally:
+            cached.close()
+    c = med["CachedDataset"]
+    return {"speedup": med["uncached"] / c, "over_floor": c / med["TensorDataset"]}
+
+
 def total_pss() -> int:
     me = psutil.Process()
     procs = [me, *me.children(recursive=True)]
@@ -226,11 +449,29 @@ def pss_after_two_epochs(dataset: Dataset[Any], workers: int, batch_size: int = 
     return pss
 
 
+def quick_figures(which: str) -> dict[str, float]:
+    """``benchmarks/bench_check.py``'s figures: ``"memory"`` (PSS) or ``"timing"`` (epoch 2)."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+    if which == "memory":
+        return {f"small_pss_{w}w": small_pss_ratio(100_000, w, 1) for w in (2, 4)}
+    return {
+        "jpeg_speedup_0w": jpeg_epoch2_ratios(600, 64, 320, 64, 0, 5)["speedup"],
+        "stream_over_floor": stream_floor_ratio(4096, 7),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller images, 3 repeats (< 60 s)")
-    parser.add_argument("--only", default="jpeg,stream,small", help="sections to run")
+    parser.add_argument("--only", default="jpeg,stream,small,tokens", help="sections to run")
+    parser.add_argument("--pss-child", choices=("uncached", "cached"), help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pss_child:
+        _pss_child(args.pss_child, args.workers, args.n)
+        return
     only = set(args.only.split(","))
     n, lo, hi, size, repeats = (2000, 48, 160, 48, 3) if args.quick else (3000, 64, 320, 64, 5)
     torch.set_num_threads(1)
@@ -240,6 +481,10 @@ def main() -> None:
         bench_stream(repeats)
     if "small" in only:
         bench_small_pss(20_000 if args.quick else 100_000, repeats)
+    if "tokens" in only:
+        bench_tokens(args.quick, repeats)
+    if "stream-floor" in only:
+        bench_stream_floor(4096, 7)
     if "jpeg" not in only:
         return
     with tempfile.TemporaryDirectory(prefix="speedpack-bench-") as tmp:
@@ -292,16 +537,15 @@ def main() -> None:
             cached[i]
         rows_time = []
         for workers in (0, 2):
-            loaders = {
-                "uncached": loader(base, workers),
-                "CachedDataset": loader(cached, workers),
-                "TensorDataset": loader(floor, workers),
-                "naive list": loader(NaiveListCache(base, n), workers),
-            }
-            for dl in loaders.values():  # epoch 1: warm every cache, start every worker
-                epoch_seconds(dl)
-            med = alternate(
-                {k: (lambda dl=dl: epoch_seconds(dl)) for k, dl in loaders.items()}, repeats=repeats
+            med = epoch2_medians(
+                {
+                    "uncached": base,
+                    "CachedDataset": cached,
+                    "TensorDataset": floor,
+                    "naive list": NaiveListCache(base, n),
+                },
+                workers,
+                repeats,
             )
             c = med["CachedDataset"]
             rows_time.append(
@@ -316,7 +560,6 @@ def main() -> None:
                     f"{med['naive list'] / c:.2f}x",
                 ]
             )
-            del loaders
         info = cached.cache_info()
         cached.close()
         print_table(

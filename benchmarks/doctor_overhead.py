@@ -55,6 +55,39 @@ def _fit(epochs: int, session: DoctorSession | None) -> float:
             session.uninstall()
 
 
+def cost_samples(
+    epochs: int, repeats: int, deep: bool = True, breakdown: bool = False
+) -> dict[str, list[float]]:
+    """Fit seconds of each variant, round by round (alternating, after one warm-up fit)."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    _fit(1, DoctorSession(deep=True))  # warm-up: imports every tool, fills caches
+    variants: dict[str, Callable[[], float]] = {
+        "no doctor": lambda: _fit(epochs, None),
+        # The same fit again: its ratio is this measurement's own noise (an A/A comparison).
+        "no doctor, again": lambda: _fit(epochs, None),
+        "doctor (default)": lambda: _fit(epochs, DoctorSession()),
+    }
+    if deep:
+        variants["doctor --deep"] = lambda: _fit(epochs, DoctorSession(deep=True))
+    if breakdown:
+        for d in registered_diagnostics():
+            label = f"only {d.name}" + (" (deep)" if d.deep else "")
+            variants[label] = lambda name=d.name: _fit(epochs, DoctorSession(only=[name]))
+    return alternate_samples(variants, repeats=repeats)
+
+
+def quick_figures() -> dict[str, float]:
+    """``benchmarks/bench_check.py``'s figures: the default set's paired ratio, and the A/A's."""
+    samples = cost_samples(epochs=2, repeats=5, deep=False)
+    return {
+        "default": paired_ratio(samples, "doctor (default)", "no doctor"),
+        "a_a": paired_ratio(samples, "no doctor, again", "no doctor"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer epochs and repeats")
@@ -68,24 +101,8 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 5)
     epochs = args.epochs or (2 if args.quick else 6)
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-    logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    _fit(1, DoctorSession(deep=True))  # warm-up: imports every tool, fills caches
-    variants: dict[str, Callable[[], float]] = {
-        "no doctor": lambda: _fit(epochs, None),
-        # The same fit again: its ratio is this measurement's own noise (an A/A comparison).
-        "no doctor, again": lambda: _fit(epochs, None),
-        "doctor (default)": lambda: _fit(epochs, DoctorSession()),
-        "doctor --deep": lambda: _fit(epochs, DoctorSession(deep=True)),
-    }
+    samples = cost_samples(epochs, repeats, deep=True, breakdown=args.breakdown)
     deep = {d.name for d in registered_diagnostics() if d.deep}
-    if args.breakdown:
-        for d in registered_diagnostics():
-            label = f"only {d.name}" + (" (deep)" if d.deep else "")
-            variants[label] = lambda name=d.name: _fit(epochs, DoctorSession(only=[name]))
-    samples = alternate_samples(variants, repeats=repeats)
     medians = {name: statistics.median(values) for name, values in samples.items()}
     base = medians["no doctor"]
     print_table(

@@ -45,7 +45,8 @@ def main() -> int:
     scripts = sorted(
         p
         for p in HERE.glob("*.py")
-        if not p.name.startswith(("_", "run_all", "gpu_check")) and p.stem not in skip
+        if not p.name.startswith(("_", "run_all", "gpu_check", "bench_check"))
+        and p.stem not in skip
     )
     failed = []
     for script in scripts:

@@ -260,10 +260,12 @@ def _same(a: Any, b: Any) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def apply(repeats: int, batches: int) -> None:
+def apply(repeats: int, batches: int) -> dict[str, float]:
+    """Print figure 2's tables; return the hand-timed ratio and WhatIf's own gains (medians)."""
     rates: dict[str, list[float]] = {"without WhatIf": [], "WhatIf(apply=True)": []}
     probes: dict[str, list[FitProbe]] = {name: [] for name in rates}
     applied, trials, measured = [], [], Counter()
+    gains: dict[str, list[float]] = {"num_workers": [], "cache": []}
     names = list(rates)
     for r in range(repeats):
         for name in names[r % 2 :] + names[: r % 2]:
@@ -282,6 +284,8 @@ def apply(repeats: int, batches: int) -> None:
                 trials.append(what_if.trial_seconds or 0.0)
                 for m in what_if.measurements:
                     measured[f"{m.knob}: {m.verdict(1.05, 1e-3)}"] += 1
+                    if m.knob in gains and m.gain is not None:
+                        gains[m.knob].append(m.gain)
             print(
                 f"[apply {r + 1}/{repeats}] {name}: {rates[name][-1]:.0f} samples/s",
                 file=sys.stderr,
@@ -346,6 +350,31 @@ def apply(repeats: int, batches: int) -> None:
         ],
     )
     print(f"\nbit-identical: {'yes' if batch_same and params_same else 'no'}")
+    out = {"hand_timed": ratio, "bit_identical": float(batch_same and params_same)}
+    out.update({f"{k}_gain": statistics.median(v) for k, v in gains.items() if v})
+    return out
+
+
+def quick_figures() -> dict[str, float]:
+    """``benchmarks/bench_check.py``'s figures: figure 2 in 3 rounds of 40 batches.
+
+    ``measured_over_hand_timed`` is WhatIf's own ``num_workers`` gain (its trials) over the gain
+    the applied fit then showed (timed by hand): how far WhatIf's promise is from what it gave,
+    as a factor >= 1 whichever way it is off.
+    """
+    _quiet()
+    torch.set_num_threads(1)
+    out = apply(3, batches=40)
+    if "num_workers_gain" in out:
+        factor = out["num_workers_gain"] / out["hand_timed"]
+        out["measured_over_hand_timed"] = max(factor, 1 / factor)
+    return out
+
+
+def _quiet() -> None:
+    warnings.filterwarnings("ignore")
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 # ---------------------------------------------------------------------- 3. in memory
@@ -414,9 +443,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats or (2 if args.quick else 5)
     only = set(args.only.split(","))
-    warnings.filterwarnings("ignore")
-    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    _quiet()
     # Two intra-op threads on two loaded cores spin against each other (a step 10x slower than
     # on one); one thread leaves the other core to the loading workers, as the guides advise.
     torch.set_num_threads(args.threads)
