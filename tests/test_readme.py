@@ -274,15 +274,26 @@ def test_python_block_runs(block: CodeBlock, python_results: dict[str, dict[str,
     check_python_result(block, python_results)
 
 
+def _shell_param(line: int, cmd: str) -> object:
+    """A README command as a parameter: two ranks are `ddp`, a fit under the doctor `slow`."""
+    argv = shlex.split(cmd)
+    marks = []
+    if argv[0] == "torchrun" or "--devices" in argv:
+        marks.append(pytest.mark.ddp)
+    elif argv[0] in ("python", "speedpack") and "cache" not in argv[1:2]:
+        marks.append(pytest.mark.slow)
+    return pytest.param(line, cmd, marks=marks, id=f"{line}-{cmd}"[:40])
+
+
 _SHELL = [
-    (line, cmd)
+    _shell_param(line, cmd)
     for b in _BLOCKS
     if b.lang == "bash" and b.skip is None
     for line, cmd in shell_lines(b)
 ]
 
 
-@pytest.mark.parametrize(("line", "cmd"), _SHELL, ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(("line", "cmd"), _SHELL)
 def test_shell_line_runs(line: int, cmd: str, tmp_path: Path) -> None:
     rc, stderr = run_shell_line(cmd, tmp_path)
     assert rc == 0, f"README.md line {line}: {cmd}\n{stderr[-3000:]}"
