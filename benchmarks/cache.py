@@ -25,6 +25,7 @@ Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small,s
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import alternate, print_table
 
-from lightning_speedpack import CachedDataset
+from lightning_speedpack import CachedDataset, CachedStream
 
 __all__ = ["small_sample_pss_ratio", "stream_epoch2_ratio"]
 
@@ -173,7 +175,7 @@ def small_sample_pss_ratio(workers: int, quick: bool = True, rounds: int = 3) ->
             for v in ("uncached", "cached")
         }
         ratios.append((pss["cached"] - pss["uncached"]) / payload)
-    return statistics.median(ratios)
+    return float(statistics.median(ratios))
 
 
 def _run_child(args: list[str]) -> dict[str, Any]:
@@ -196,7 +198,7 @@ def stream_epoch2_ratio(quick: bool = True, repeats: int = 5) -> float:
     n = 4096 if quick else 8192
     torch.set_num_threads(1)
     floor = TensorDataset(torch.stack(list(TokenStream(n))))
-    cached = CachedDataset(TokenStream(n), shuffle=True, key=f"stream-epoch2-{os.getpid()}")
+    cached = CachedStream(TokenStream(n), shuffle=True, key=f"stream-epoch2-{os.getpid()}")
     try:
         kwargs: dict[str, Any] = {
             "batch_size": 32,
@@ -208,14 +210,12 @@ def stream_epoch2_ratio(quick: bool = True, repeats: int = 5) -> float:
         floor_dl = DataLoader(floor, shuffle=True, **kwargs)
         epoch_seconds(stream_dl)  # streams and fills
         epoch_seconds(floor_dl)
-        med = alternate(
-            {
-                "stream": lambda dl=stream_dl: epoch_seconds(dl),
-                "floor": lambda dl=floor_dl: epoch_seconds(dl),
-            },
-            repeats=repeats,
-        )
-        del stream_dl, floor_dl
+        variants: dict[str, Callable[[], float]] = {
+            "stream": functools.partial(epoch_seconds, stream_dl),
+            "floor": functools.partial(epoch_seconds, floor_dl),
+        }
+        med = alternate(variants, repeats=repeats)
+        del stream_dl, floor_dl, variants
     finally:
         cached.close()
     return med["stream"] / med["floor"]
