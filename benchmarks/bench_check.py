@@ -230,12 +230,14 @@ def _wall_zoo() -> dict[str, float]:
     gaps: list[float] = []
     with tempfile.TemporaryDirectory(prefix="speedpack-bench-check-") as tmp:
         for case in WALL_CASES:
-            verdict = wall_zoo.judge(wall_zoo.run_case(case, 0.5, Path(tmp)))
+            row = wall_zoo.run_case(case, 0.5, Path(tmp))
+            verdict = wall_zoo.judge(row)
             recall += bool(verdict["recall"])
             top1 += bool(verdict["top1"])
             false += verdict["false"]
             gaps.append(math.inf if verdict["gap"] is None else verdict["gap"])  # no ledger
-            print(f"wall zoo {case}: {verdict}", file=sys.stderr, flush=True)
+            found = row.get("findings", row.get("error"))
+            print(f"wall zoo {case}: {verdict} {found}", file=sys.stderr, flush=True)
     return {
         "wall-zoo-recall": recall,
         "wall-zoo-top1": top1,

@@ -13,13 +13,11 @@ Writes >= 2,000 JPEGs of varied sizes to a temporary folder; ``__getitem__`` dec
 - a stream (``IterableDataset``) of 512 slow items (2 ms each) wrapped by ``CachedDataset``:
   epoch 1 (streams and fills) against epoch 2 (served from the arena), 0 and 2 workers;
 - total PSS for 100k small samples (3x32x32 uint8 + label), 1, 2 and 4 workers, alternating
-  the no-cache baseline and the cache round by round (medians);
-- ``stream-floor``: a cached stream's epoch 2 (served from the arena) against a ``TensorDataset``
-  of the same items in memory, 0 workers, alternating (medians).
+  the no-cache baseline and the cache round by round (medians).
 
-``quick_figures()`` gives ``benchmarks/bench_check.py`` these figures at a quick size.
+``quick_figures()`` gives ``benchmarks/bench_check.py`` its figures at a quick size.
 
-Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small,stream-floor]``.
+Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small,tokens]``.
 """
 
 from __future__ import annotations
@@ -283,53 +281,6 @@ def bench_stream(repeats: int) -> None:
     )
 
 
-def stream_floor_ratio(n: int, repeats: int) -> float:
-    """A cached stream's epoch 2 over an in-memory ``TensorDataset``'s (same items, 0 workers).
-
-    Batch 32, shuffled on both sides; the stream's epoch 1 fills the arena first. Ratio of the
-    medians of ``repeats`` alternating epochs.
-    """
-    items = [(torch.full((3, 32, 32), i % 251, dtype=torch.uint8), i % 10) for i in range(n)]
-    floor = TensorDataset(torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items]))
-    stream = CachedDataset(SlowStream(n, 0.0), shuffle=True, seed=0, key=f"stream-floor-{n}")
-    try:
-        loaders = {
-            "CachedStream": DataLoader(stream, batch_size=32),
-            "TensorDataset": loader(floor, 0, batch_size=32),
-        }
-        for dl in loaders.values():  # the stream's epoch 1 streams and fills
-            epoch_seconds(dl)
-        med = alternate(
-            {k: (lambda dl=dl: epoch_seconds(dl)) for k, dl in loaders.items()}, repeats
-        )
-    finally:
-        stream.close()
-    return med["CachedStream"] / med["TensorDataset"]
-
-
-def small_pss_ratio(n: int, workers: int, repeats: int) -> float:
-    """Total PSS a ``CachedDataset`` of ``n`` small samples adds, over the payload (median)."""
-    extras = []
-    for r in range(repeats):
-        baseline = pss_after_two_epochs(SmallSamples(n), workers, batch_size=256)
-        cached = CachedDataset(SmallSamples(n), key=f"small-q-{workers}-{r}")
-        try:
-            extras.append(pss_after_two_epochs(cached, workers, batch_size=256) - baseline)
-        finally:
-            cached.close()
-    return sorted(extras)[len(extras) // 2] / (n * 3 * 32 * 32)
-
-
-def bench_stream_floor(n: int, repeats: int) -> None:
-    ratio = stream_floor_ratio(n, repeats)
-    print_table(
-        f"A cached stream's epoch 2 against an in-memory TensorDataset: {n} items of 3x32x32 "
-        f"uint8, batch 32, 0 workers, medians of {repeats} alternating epochs",
-        ["CachedStream / TensorDataset"],
-        [[f"{ratio:.2f}x"]],
-    )
-
-
 def bench_small_pss(n: int, repeats: int) -> None:
     payload = n * 3 * 32 * 32
     rows = []
@@ -454,10 +405,10 @@ def quick_figures(which: str) -> dict[str, float]:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
     if which == "memory":
-        return {f"small_pss_{w}w": small_pss_ratio(100_000, w, 1) for w in (2, 4)}
+        return {f"small_pss_{w}w": small_sample_pss_ratio(w, quick=True) for w in (2, 4)}
     return {
         "jpeg_speedup_0w": jpeg_epoch2_ratios(600, 64, 320, 64, 0, 5)["speedup"],
-        "stream_over_floor": stream_floor_ratio(4096, 7),
+        "stream_over_floor": stream_epoch2_ratio(quick=True),
     }
 
 
@@ -483,8 +434,6 @@ def main() -> None:
         bench_small_pss(20_000 if args.quick else 100_000, repeats)
     if "tokens" in only:
         bench_tokens(args.quick, repeats)
-    if "stream-floor" in only:
-        bench_stream_floor(4096, 7)
     if "jpeg" not in only:
         return
     with tempfile.TemporaryDirectory(prefix="speedpack-bench-") as tmp:
