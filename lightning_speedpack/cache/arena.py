@@ -359,8 +359,10 @@ class Arena(StreamFill):
         """
         words, data_start, blob = self._slot_words, self.data_start, self._bytes
         ids = self._decoder_ids
-        if ids is None:
-            ids = self._decoder_ids = array("h", [-1]) * self.n_slots
+        if ids is None or len(ids) < n:  # sized to the slots read so far (a stream's are few)
+            known = ids if ids is not None else array("h")
+            known.extend(array("h", [-1]) * (min(n, self.n_slots) - len(known)))
+            ids = self._decoder_ids = known
         decoders, layouts = self._decoders, self._layout_of
         groups: dict[int, tuple[list[int], list[int], list[Decoder]]] = {}
         for pos, index in enumerate(indices):

@@ -7,15 +7,18 @@ WebDataset stream -- is one line; the class is also importable under its own nam
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from itertools import islice
+from types import FrameType
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, get_worker_info
+from torch.utils.data._utils.fetch import _IterableDatasetFetcher
 
 from lightning_speedpack.cache.arena import MISSING, Arena
 from lightning_speedpack.cache.arena_file import MAX_FILLERS
@@ -29,7 +32,8 @@ from lightning_speedpack.cache.options import (
     dataset_fingerprint,
     open_arena,
 )
-from lightning_speedpack.core.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, stage
+from lightning_speedpack.core.stages import CACHE_HIT_STAGE, CACHE_MISS_STAGE, record_stage, stage
+from lightning_speedpack.core.stages import active as stages_active
 
 __all__ = ["DEFAULT_MAX_ITEMS", "CachedStream", "local_topology"]
 
@@ -37,6 +41,27 @@ __all__ = ["DEFAULT_MAX_ITEMS", "CachedStream", "local_topology"]
 #: allocated in RAM only when used).
 DEFAULT_MAX_ITEMS = 1 << 20
 _POLL = 0.005
+_CHUNK = 64  # cached items read from the arena at once in a later pass
+_FETCH_CODE = _IterableDatasetFetcher.fetch.__code__
+
+
+def _batched_by_default_collate(frame: FrameType | None) -> bool:
+    """Whether ``frame`` (the caller of a pass's ``next``) is torch's iterable fetcher, batching.
+
+    With automatic batching, torch's fetcher appends each item it gets to the batch and hands
+    the batch to ``default_collate``, which stacks (copies) every tensor before anyone sees it:
+    the items may then be views into the arena. Without batching (``batch_size=None``) the item
+    itself is handed on, and a user's collate function might modify it: never a view then.
+    """
+    if frame is None or frame.f_code is not _FETCH_CODE:
+        return False
+    fetcher = frame.f_locals.get("self")
+    if not getattr(fetcher, "auto_collation", False):
+        return False
+    collate = getattr(fetcher, "collate_fn", None)
+    if collate is not None and getattr(type(collate), "speedpack_timer", False):  # X-ray timer
+        collate = collate.fn
+    return collate is default_collate
 
 
 def local_topology(snapshot: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -58,6 +83,13 @@ def local_topology(snapshot: tuple[int, int] | None = None) -> tuple[int, int]:
     local_world = int(env.get("LOCAL_WORLD_SIZE", world))
     local_rank = int(env.get("LOCAL_RANK", rank % max(local_world, 1)))
     return local_rank, max(local_world, 1)
+
+
+def _caller(frame: FrameType) -> FrameType:
+    """The frame that resumed a pass: past this module's own generators (``yield from``)."""
+    while frame.f_code in _OWN_CODES and frame.f_back is not None:
+        frame = frame.f_back
+    return frame
 
 
 class CachedStream(ArenaHandle, IterableDataset[Any]):
@@ -265,16 +297,43 @@ class CachedStream(ArenaHandle, IterableDataset[Any]):
         arena.finish_fill(me, cut=cut)
 
     def _serve(self, arena: Arena, me: int, shards: int, epoch: int) -> Iterator[Any]:
+        share = self.share(arena.ready_items(), me, shards, epoch).tolist()
+        if self.transform is not None:
+            yield from self._serve_transformed(arena, share)
+            return
+        # Items are read a chunk at a time (one pass over the slots, one counter update). The
+        # chunk is read as views into the arena when torch's fetcher asks for them to batch with
+        # default_collate (its stack is the only copy, as for a TensorDataset), else each item
+        # is decoded into tensors of its own. The caller is looked at again for each item: an
+        # item read as a view goes to that fetcher or is copied first.
+        bound = int(max(share, default=-1)) + 1
+        for start in range(0, len(share), _CHUNK):
+            chunk = share[start : start + _CHUNK]
+            views = _batched_by_default_collate(_caller(sys._getframe(1)))
+            profiling = stages_active()
+            t0 = time.perf_counter() if profiling else 0.0
+            samples = arena.get_many(chunk, bound, how="views" if views else "each")
+            if profiling:
+                record_stage(CACHE_HIT_STAGE, time.perf_counter() - t0, len(chunk))
+            arena.count(hit=True, n=len(chunk))
+            for index, sample in zip(chunk, samples, strict=True):
+                if sample is MISSING:  # pragma: no cover - a ready slot never changes
+                    continue
+                if views and _caller(sys._getframe(1)).f_code is not _FETCH_CODE:
+                    sample = arena.get(index)  # handed elsewhere: a copy of its own
+                yield sample
+
+    def _serve_transformed(self, arena: Arena, share: list[int]) -> Iterator[Any]:
         transform = self.transform
-        for index in self.share(arena.ready_items(), me, shards, epoch).tolist():
+        assert transform is not None
+        for index in share:
             with stage(CACHE_HIT_STAGE):
                 sample = arena.get(index)
             if sample is MISSING:  # pragma: no cover - a ready slot never changes
                 continue
             arena.count(hit=True)
-            if transform is not None:
-                with stage(TRANSFORM_STAGE):
-                    sample = transform(sample)
+            with stage(TRANSFORM_STAGE):
+                sample = transform(sample)
             yield sample
 
     def share(
@@ -349,3 +408,6 @@ class CachedStream(ArenaHandle, IterableDataset[Any]):
             f"CachedStream({type(self.stream).__qualname__}, max_items={self.max_items}, "
             f"storage={self.storage!r}, items={info.items}, complete={self.complete})"
         )
+
+
+_OWN_CODES = frozenset({CachedStream._run.__code__, CachedStream._serve.__code__})
