@@ -235,9 +235,9 @@ def test_a_later_pass_batched_by_default_collate_reads_views_not_copies(
 
     monkeypatch.setattr(arena_module, "leaf_views", counting)
     with CachedStream(Rows(), max_bytes=1 << 20) as cached:
-        first = [b for b in DataLoader(cached, batch_size=5)]
+        first = list(DataLoader(cached, batch_size=5))
         assert made == []  # the first pass streams from the source
-        second = [b for b in DataLoader(cached, batch_size=5)]
+        second = list(DataLoader(cached, batch_size=5))
         assert sum(made) == 12  # every cached item read as a view, in one pass over the arena
         assert [b[0].tolist() for b in second] == [b[0].tolist() for b in first]
         info = cached.cache_info()
