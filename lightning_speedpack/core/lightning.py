@@ -13,6 +13,9 @@ feature works for both, in the same process, with either one or both installed.
   class in every installed namespace, for ``isinstance`` checks that accept both.
 - :func:`namespace_of` tells which namespace an object (a Trainer, a module) belongs to, for the
   few utilities that must come from the object's own namespace.
+- :data:`INTERNALS` lists what the pack reads that not every supported Lightning release has;
+  :func:`has_internal` tells whether an object's Lightning has one, and
+  :func:`note_missing_internal` says once, on rank 0, what is not measured without it.
 
 Only installed namespaces are imported, and only when a Lightning type is first needed:
 ``import lightning_speedpack.data`` imports neither.
@@ -23,6 +26,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -30,17 +35,22 @@ from typing import TYPE_CHECKING, Any
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 
 __all__ = [
+    "INTERNALS",
     "NAMESPACES",
     "Callback",
+    "Internal",
     "classes",
     "combined_loader",
+    "has_internal",
     "installed_namespaces",
     "is_overridden",
     "lightning_getattr",
     "lightning_hasattr",
     "lightning_setattr",
+    "lightning_version",
     "namespace_of",
     "namespaces",
+    "note_missing_internal",
     "rank_zero_info",
     "rank_zero_only",
     "rank_zero_warn",
@@ -168,8 +178,127 @@ def combined_loader(loaders: Any, mode: str = "max_size_cycle") -> Any:
     return _preferred("utilities").CombinedLoader(loaders, mode)
 
 
+def _release(version: str) -> tuple[int, int, int]:
+    """``"2.4.0rc1"`` -> ``(2, 4, 0)``: the release a version string names (missing parts 0)."""
+    parts = [int(p) for p in re.findall(r"\d+", version.split("+", 1)[0])[:3]]
+    return (*parts, 0, 0, 0)[:3]  # type: ignore[return-value]
+
+
+def lightning_version(obj: object | None = None) -> tuple[int, int, int]:
+    """The release of ``obj``'s Lightning namespace (of the preferred one without ``obj``).
+
+    Both packages version the trainer alike (``pytorch-lightning`` 2.4.0 is ``lightning`` 2.4.0's
+    ``lightning.pytorch``).
+
+    Example:
+        >>> lightning_version() >= (2, 0, 0)
+        True
+    """
+    namespace = namespaces()[0] if obj is None else namespace_of(obj)
+    return _release(str(getattr(namespace, "__version__", "0")))
+
+
+@dataclass(frozen=True)
+class Internal:
+    """Something of Lightning's the pack reads that the oldest supported releases lack.
+
+    Attributes:
+        name: the key in :data:`INTERNALS`.
+        since: the first release that has it.
+        what: what that release does, as a verb phrase ("does not <what>" on older ones).
+        without: what the pack does not measure (or measures otherwise) on an older release.
+    """
+
+    name: str
+    since: tuple[int, int, int]
+    what: str
+    without: str
+
+
+#: Lightning internals that moved within the releases the pack supports (what
+#: `make test-versions` found between pytorch-lightning 2.1 and 2.6). Everything else the pack
+#: reads (the hooks' profiler action names, ``[_TrainingEpochLoop].train_dataloader_next``,
+#: ``run_training_batch``, the fit loop's ``setup_data``/``on_advance_start``/``on_run_end``, the
+#: validation loop's ``run``, ``Strategy.process_dataloader``) is the same in all of them.
+INTERNALS: dict[str, Internal] = {
+    internal.name: internal
+    for internal in (
+        Internal(
+            "save_checkpoint",
+            since=(2, 5, 0),
+            what="time `Trainer.save_checkpoint` as the profiler action 'save_checkpoint'",
+            without=(
+                "checkpoint saves are not counted, and a save that no checkpoint callback makes "
+                "(`trainer.save_checkpoint` in a hook) is charged to its caller"
+            ),
+        ),
+    )
+}
+
+
+def has_internal(obj: object, name: str) -> bool:
+    """Whether the Lightning of ``obj`` (a Trainer, a module, a class) has ``INTERNALS[name]``.
+
+    Raises:
+        KeyError: ``name`` is not in :data:`INTERNALS`.
+
+    Example:
+        >>> from pytorch_lightning import Trainer
+        >>> has_internal(Trainer, "save_checkpoint") == (lightning_version(Trainer) >= (2, 5, 0))
+        True
+    """
+    return lightning_version(obj) >= INTERNALS[name].since
+
+
+_NOTED: set[tuple[str, str, tuple[int, int, int]]] = set()
+
+
+def note_missing_internal(obj: object, name: str, tool: str) -> bool:
+    """Whether ``obj``'s Lightning has ``INTERNALS[name]``; if not, say so once (rank 0, info).
+
+    The line names the tool, the release, what is not measured there and the release that
+    measures it. Said once per tool, internal and release in a process.
+
+    Example:
+        >>> from pytorch_lightning import Trainer
+        >>> note_missing_internal(Trainer, "save_checkpoint", "WallTimeLedger") == has_internal(
+        ...     Trainer, "save_checkpoint")
+        True
+    """
+    if has_internal(obj, name):
+        return True
+    internal, version = INTERNALS[name], lightning_version(obj)
+    if (tool, name, version) not in _NOTED:
+        _NOTED.add((tool, name, version))
+        found = ".".join(map(str, version))
+        since = ".".join(map(str, internal.since))
+        rank_zero_info(
+            f"{tool}: Lightning {found} does not {internal.what} (Lightning "
+            f"{since} and newer do): {internal.without}."
+        )
+    return False
+
+
+def _import_error(namespace: str, error: ImportError) -> ImportError:
+    """Why an installed namespace does not import, and what to do about it."""
+    hint = ""
+    if error.name == "pkg_resources":
+        hint = (
+            " (Lightning before 2.4 imports `pkg_resources`, which setuptools 81 and newer "
+            "no longer ship: `pip install 'pytorch-lightning>=2.4'`)"
+        )
+    return ImportError(f"lightning-speedpack cannot import {namespace}: {error}{hint}")
+
+
 def _callback_base() -> type[Any]:
     bases = classes("Callback")
+    if not bases:  # installed, yet none imports: say why instead of a Callback of no Lightning
+        namespace = installed_namespaces()[0]
+        try:
+            importlib.import_module(f"{namespace}.callbacks")
+        except ImportError as error:
+            raise _import_error(namespace, error) from error
+        raise ImportError(f"lightning-speedpack found no Callback class in {namespace}")
     if len(bases) == 1:
         return bases[0]
     # One class whose MRO holds every namespace's Callback (all plain classes with the same
