@@ -355,9 +355,10 @@ def epoch2_medians(
     loaders = {name: loader(ds, workers) for name, ds in datasets.items()}
     for dl in loaders.values():  # epoch 1: warm every cache, start every worker
         epoch_seconds(dl)
-    return alternate(
-        {k: (lambda dl=dl: epoch_seconds(dl)) for k, dl in loaders.items()}, repeats=repeats
-    )
+    variants: dict[str, Callable[[], float]] = {
+        k: functools.partial(epoch_seconds, dl) for k, dl in loaders.items()
+    }
+    return alternate(variants, repeats=repeats)
 
 
 def jpeg_epoch2_ratios(

@@ -16,6 +16,7 @@ Run ``.venv/bin/python benchmarks/doctor_overhead.py [--quick] [--epochs N] [--b
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import warnings
@@ -55,6 +56,10 @@ def _fit(epochs: int, session: DoctorSession | None) -> float:
             session.uninstall()
 
 
+def _fit_only(epochs: int, name: str) -> float:
+    return _fit(epochs, DoctorSession(only=[name]))
+
+
 def cost_samples(
     epochs: int, repeats: int, deep: bool = True, breakdown: bool = False
 ) -> dict[str, list[float]]:
@@ -75,7 +80,7 @@ def cost_samples(
     if breakdown:
         for d in registered_diagnostics():
             label = f"only {d.name}" + (" (deep)" if d.deep else "")
-            variants[label] = lambda name=d.name: _fit(epochs, DoctorSession(only=[name]))
+            variants[label] = functools.partial(_fit_only, epochs, d.name)
     return alternate_samples(variants, repeats=repeats)
 
 
