@@ -123,12 +123,14 @@ SUBSET: tuple[str, ...] = (
 )
 
 #: Tests of the subset left out: slow ones that exercise torch's DataLoader or process start
-#: rather than Lightning, and one that needs both namespaces installed.
+#: rather than Lightning, a timing race, and one that needs both namespaces installed.
 DESELECT: tuple[str, ...] = (
     # 60 s of spawned DataLoader workers; the fork and in-process cases stay.
     "tests/data_xray/test_profiler.py::test_stages_are_reported_as_measured_inside_the_workers[spawn]",
     # 25 s: two processes, each a fit; the single-process run checks stay.
     "tests/data_xray/test_run_check.py::test_under_ddp_each_ranks_ceilings_agree_with_its_own_rate",
+    # Two timings within 15% of each other: fails on a loaded machine whatever the versions.
+    "tests/data_xray/test_ceilings.py::test_model_ceiling_matches_timing_steps_on_an_in_memory_batch",
     # Asserts that `lightning` is installed; these venvs have pytorch-lightning only.
     "tests/core/test_lightning.py::test_installed_does_not_import_the_lightning_package",
 )
