@@ -18,7 +18,7 @@ PL_ONLY_VENV ?= .venv-pl-only
 PL_ONLY_STAMP := $(PL_ONLY_VENV)/.speedpack-installed
 
 .PHONY: setup test test-all test-rest test-grid lint typecheck pytest pytest-rest test-one-namespace \
-	demo bench bench-check bench-check-stable gpu-check clean
+	test-versions demo bench bench-check bench-check-stable gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +66,14 @@ test: lint typecheck pytest test-one-namespace
 test-rest: pytest-rest bench-check-stable
 	SPEEDPACK_GRID_SKIP_FAST=1 $(MAKE) test-grid
 
-test-all: test test-rest
+test-all: test test-rest test-versions
+
+# The Lightning-facing fast tests on the oldest and the newest stack the package claims, each in
+# its own venv under .venv-versions/ (reused while its pins match): `make test-versions
+# VERSIONS=oldest` runs one. CI runs `oldest` (the newest, torch 2.14.1, is a 5.5 GB CUDA build).
+VERSIONS ?=
+test-versions:
+	$(PYTHON) tests/versions/run_versions.py $(VERSIONS)
 
 # The full "invisible to the job" grid (stacks x workers x pack modes, ~20 min); CI runs it after
 # `make test`, which runs its fast subset.

@@ -83,11 +83,13 @@ def test_run_ddp_runs_real_ranks_that_agree(tmp_path: Path) -> None:
     assert results[0][2] == pytest.approx(results[1][2])  # DDP kept the replicas in sync
 
 
+@pytest.mark.slow
 def test_run_ddp_reports_a_rank_failure(tmp_path: Path) -> None:
     with pytest.raises(DDPRunError, match="rank failure is reported"):
         run_ddp(_raises, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_run_ddp_times_out_with_every_rank_stack_and_kills_the_ranks(tmp_path: Path) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(DDPRunError, match="did not finish") as info:
@@ -99,6 +101,7 @@ def test_run_ddp_times_out_with_every_rank_stack_and_kills_the_ranks(tmp_path: P
     assert _alive([p.pid for p in left if "resource_tracker" not in " ".join(p.cmdline())]) == []
 
 
+@pytest.mark.slow
 def test_a_hung_command_is_killed_with_its_grandchildren_and_their_stacks_reported(
     tmp_path: Path,
 ) -> None:
@@ -117,6 +120,7 @@ def test_a_hung_command_is_killed_with_its_grandchildren_and_their_stacks_report
     assert _alive(pids) == []
 
 
+@pytest.mark.slow
 def test_what_a_finished_command_leaves_running_is_killed_and_listed(tmp_path: Path) -> None:
     script = FAMILY.rsplit("hung_child()", 1)[0] + "sys.exit(3)\n"
     proc = run_in_session([sys.executable, "-c", script], timeout=60, cwd=tmp_path, grace=1)

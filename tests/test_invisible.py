@@ -462,6 +462,7 @@ FAST = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(CASE_TIMEOUT)
 @pytest.mark.parametrize("case", FAST, ids=_ids)
 def test_invisible(case: tuple[str, Setting, str], data_root: Path, tmp_path: Path) -> None:

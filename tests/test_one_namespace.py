@@ -97,6 +97,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     return run_in_session([sys.executable, "-W", "ignore", "-c", code], timeout=240)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(260)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_imports_and_fits_with_one_namespace_hidden(case: str, tmp_path: object) -> None:
@@ -120,6 +121,7 @@ def test_imports_and_fits_with_one_namespace_hidden(case: str, tmp_path: object)
     }
 
 
+@pytest.mark.slow
 def test_the_hider_really_hides() -> None:
     code = HIDE.format(hidden={"lightning"}) + textwrap.dedent(
         """
@@ -157,6 +159,7 @@ LIGHTNING_MODULES = ("pytorch_lightning", "lightning", "lightning_fabric")
         "from lightning_speedpack import CachedDataset",
     ],
 )
+@pytest.mark.slow
 def test_the_data_tool_imports_no_lightning(statement: str) -> None:
     code = textwrap.dedent(
         f"""

@@ -468,6 +468,7 @@ def _fit_with(callbacks: list[Any], tmp_path: Path, steps: int = 4) -> None:
     trainer.fit(TinyCNN(batch_size=16, n=64))
 
 
+@pytest.mark.slow
 def test_pin_memory_is_silent_when_the_measured_copy_is_under_2_percent(tmp_path: Path) -> None:
     advisor = advisor_(measure_steps=2, device_info=A100)
     _fit_with([advisor, _PublishesCopy(0.019)], tmp_path)
@@ -476,6 +477,7 @@ def test_pin_memory_is_silent_when_the_measured_copy_is_under_2_percent(tmp_path
     assert events.subscriber_count() == 0
 
 
+@pytest.mark.slow
 def test_pin_memory_carries_the_measured_copy_share(tmp_path: Path) -> None:
     advisor = advisor_(measure_steps=2, device_info=A100)
     _fit_with([advisor, _PublishesCopy(0.25)], tmp_path)
@@ -488,6 +490,7 @@ def test_pin_memory_carries_the_measured_copy_share(tmp_path: Path) -> None:
     pickle.loads(pickle.dumps(advisor))
 
 
+@pytest.mark.slow
 def test_pin_memory_follows_the_copy_measured_after_the_table(tmp_path: Path) -> None:
     """Reported after 2 steps under 2%; the run's copy then grows, and the finding comes back."""
 
@@ -514,6 +517,7 @@ def test_pin_memory_follows_the_copy_measured_after_the_table(tmp_path: Path) ->
     assert [f.id for f in advisor.findings][:2] == ["dataloader-workers", "pin-memory"]
 
 
+@pytest.mark.slow
 def test_pin_memory_without_a_timeline_says_the_copy_was_not_measured(tmp_path: Path) -> None:
     advisor = advisor_(measure_steps=2, device_info=A100)
     _fit_with([advisor], tmp_path)
@@ -529,6 +533,7 @@ class _SlowCopy(TinyCNN):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
 
+@pytest.mark.slow
 def test_pin_memory_carries_the_step_timelines_share(tmp_path: Path) -> None:
     from lightning_speedpack import StepTimeline
 

@@ -123,6 +123,7 @@ def _fit(
     return trainer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [64, 100, 333, 700, 1000])
 def test_chosen_is_the_largest_multiple_of_8_below_the_limit_minus_margin(
     limit: int, tmp_path: Path
@@ -142,12 +143,14 @@ def test_chosen_is_the_largest_multiple_of_8_below_the_limit_minus_margin(
     assert tuner.tuned
 
 
+@pytest.mark.slow
 def test_validation_memory_is_covered(tmp_path: Path) -> None:
     tuner = BatchSizeTuner(verbose=False, steps_per_trial=1, margin=0.0)
     _fit(LimitedModel(val_limit=200), tmp_path, tuner)
     assert tuner.batch_size == 200
 
 
+@pytest.mark.slow
 def test_state_is_bit_identical_to_a_run_without_tuning(tmp_path: Path) -> None:
     class Probe(Callback):
         def on_train_batch_start(
@@ -225,6 +228,7 @@ def test_non_oom_error_propagates_with_its_traceback(tmp_path: Path) -> None:
     assert "log" not in vars(model)  # the trial-time no-op `log` is gone
 
 
+@pytest.mark.slow
 def test_resume_does_not_retune_unless_asked(tmp_path: Path) -> None:
     def checkpointing() -> dict[str, Any]:
         ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
@@ -265,6 +269,7 @@ def test_scale_lr_scales_param_groups_and_scheduler(tmp_path: Path) -> None:
     assert trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(0.04)
 
 
+@pytest.mark.slow
 def test_dry_run_reports_but_keeps_the_batch_size(tmp_path: Path) -> None:
     logger = RecordingLogger()
     tuner = BatchSizeTuner(verbose=False, dry_run=True, scale_lr=True)
@@ -279,6 +284,7 @@ def test_dry_run_reports_but_keeps_the_batch_size(tmp_path: Path) -> None:
     assert [f.id for f in tuner.doctor_findings()] == ["batch-size-multiple", "batch-size-trials"]
 
 
+@pytest.mark.slow
 def test_throughput_mode_picks_the_fastest_per_sample(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -312,6 +318,7 @@ class SizedDataModule(LightningDataModule):  # the batch size lives in the datam
         return DataLoader(RandomDataset(32, 512), batch_size=self.hparams["batch_size"])
 
 
+@pytest.mark.slow
 def test_batch_size_on_the_datamodule_hparams(tmp_path: Path) -> None:
     class NoSize(LimitedModel):
         def __init__(self) -> None:
@@ -385,6 +392,7 @@ def test_bad_arguments_fail_at_construction(
         BatchSizeTuner(**kwargs)
 
 
+@pytest.mark.slow
 def test_rich_table_on_rank_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _fit(LimitedModel(limit=40), tmp_path, BatchSizeTuner(max_val=64, margin=0.0), max_steps=1)
     err = capsys.readouterr().err
@@ -532,6 +540,7 @@ def test_doctor_reports_the_batch_size_without_changing_the_run(tmp_path: Path) 
     assert not [d for d in result.report.findings if d.component == "batch_size"]
 
 
+@pytest.mark.slow
 def test_doctor_shows_the_trials_of_a_tuner_the_script_added(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(

@@ -103,6 +103,7 @@ def test_nearest_is_capped_by_the_dataset_and_max_val(
     assert tuner.batch_size in tried
 
 
+@pytest.mark.slow
 def test_nearest_a_size_out_of_memory_does_not_fit(tmp_path: Path) -> None:
     tuner = BatchSizeTuner(mode="nearest", verbose=False)
     net = model(PL, batch_size=50, length=512, limit=49)
@@ -114,6 +115,7 @@ def test_nearest_a_size_out_of_memory_does_not_fit(tmp_path: Path) -> None:
     assert net.train_sizes == [48, 48]
 
 
+@pytest.mark.slow
 def test_nearest_nothing_fits_is_an_error_and_leaves_the_size(tmp_path: Path) -> None:
     net = model(PL, batch_size=50, length=512, limit=40)
     with pytest.raises(
@@ -207,6 +209,7 @@ class Measure:
         self.callback = Hook()
 
 
+@pytest.mark.slow
 @each_namespace
 def test_measure_sizes_measures_and_puts_everything_back(ns: Namespace, tmp_path: Path) -> None:
     measure = Measure(ns, [16, 24, 40], steps=2, owner="WhatIf")

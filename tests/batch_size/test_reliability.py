@@ -45,6 +45,7 @@ class WorkerModel(LimitedModel):
         return self.train_dataloader()
 
 
+@pytest.mark.slow
 def test_trials_start_no_worker_pool_and_choose_the_same(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -213,3 +213,25 @@ def test_a_malformed_bounds_file_is_refused_saying_why(
     assert old in PLANTED
     with pytest.raises(ValueError, match=message):
         load_bounds(planted(tmp_path, PLANTED.replace(old, new, 1)))
+
+
+def test_an_open_regression_is_reported_open_not_failed_and_its_return_is_announced(
+    tmp_path: Path,
+) -> None:
+    text = PLANTED.replace(
+        'measured = "planted"\n',
+        'measured = "planted"\n'
+        'open_regression = "issue 38: the arena stores a header per sample"\n',
+        1,
+    )
+    bound = by_name(load_bounds(planted(tmp_path, text)))["cache-small-pss-4w"]
+    past = judge(bound, 1.4)
+    assert past.status == "OPEN"
+    assert "an open regression, issue 38: the arena stores a header per sample" in format_line(past)
+    back = judge(bound, 1.0)
+    assert back.status == "PASS"
+    assert "remove `open_regression`" in format_line(back)
+    assert judge(bound, None).status == "FAIL"  # not measured is never excused
+    bad = text.replace('open_regression = "issue 38', "open_regression = 38 #", 1)
+    with pytest.raises(ValueError, match="open_regression"):
+        load_bounds(planted(tmp_path, bad))

@@ -86,6 +86,7 @@ def _gone(pid: int, within: float = 5.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_check_that_hangs_crashes_or_raises_costs_its_own_line_only(tmp_path: Path) -> None:
     checks = tmp_path / "checks"
     checks.mkdir()

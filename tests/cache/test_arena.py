@@ -349,6 +349,7 @@ def _fill_like_a_dataset(path: str, n: int, seed: int, barrier: Any, results: An
     results.put((stored, hits, misses))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_many_processes_filling_at_once_publish_each_index_once_and_counts_agree(
     tmp_path: Path, context: str
@@ -392,6 +393,7 @@ def _use_after_fork(arena: Arena, results: Any) -> None:
     results.put(arena.put(6, encode(sample(6), 6)))
 
 
+@pytest.mark.slow
 def test_a_fork_while_another_thread_holds_the_arena_locks_cannot_deadlock(
     tmp_path: Path,
 ) -> None:

@@ -289,6 +289,7 @@ def test_job_id_is_shared_by_ranks_and_differs_between_jobs(
     assert job_id() == "teabc-29500"
 
 
+@pytest.mark.slow
 def test_lightning_launched_rank_finds_the_cache_its_parent_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -388,6 +389,7 @@ else:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["success", "exception", "interrupt", "worker-killed"])
 def test_no_leftovers_in_dev_shm(tmp_path: Path, mode: str) -> None:
     script = tmp_path / "run.py"

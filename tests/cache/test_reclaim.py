@@ -84,6 +84,7 @@ def status_of(path: str) -> str:
     return entry.status
 
 
+@pytest.mark.slow
 def test_sigkilled_owner_is_reclaimed_by_any_next_dataset_a_live_one_never(holder: Path) -> None:
     with (
         python_group(holder, unique("killed"), "none") as killed,
@@ -103,6 +104,7 @@ def test_sigkilled_owner_is_reclaimed_by_any_next_dataset_a_live_one_never(holde
         assert alive.poll() is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("child", ["fork", "spawn"])
 def test_a_worker_still_using_the_arena_keeps_it_after_its_parent_is_killed(
     holder: Path, child: str

@@ -92,6 +92,7 @@ def test_installed_is_false_when_find_spec_raises(
     assert core._installed("lightning.pytorch") is False
 
 
+@pytest.mark.slow
 def test_installed_does_not_import_the_lightning_package() -> None:
     code = textwrap.dedent(
         """

@@ -66,6 +66,7 @@ def _wandb_table(run: Any, key: str) -> dict[str, Any]:
     return dict(json.loads((run.path.parent / "files" / row[f"{key}/path"]).read_text()))
 
 
+@pytest.mark.slow
 @each_namespace
 def test_wandb_run_holds_the_tables_summary_and_chart(
     ns: Namespace, tmp_path: Path, wandb_offline: Any

@@ -30,6 +30,7 @@ def _independent_rate(loader: Any, skip: int) -> float:
     return samples / (last - start)
 
 
+@pytest.mark.slow
 def test_loader_ceiling_matches_an_independent_timing() -> None:
     model = pm.PipelineModel(pm.new_truth(), workers=0, n=64)
     loader = model.make_loader()
@@ -49,14 +50,18 @@ def test_loader_ceiling_puts_the_rng_back() -> None:
 def test_model_ceiling_matches_timing_steps_on_an_in_memory_batch(tmp_path: Path) -> None:
     class Measure(Callback):
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            # The best of three alternating rounds each: a loaded machine only ever slows a
+            # round down, so the fastest round of each is the one to compare.
             batch = next(iter(pl_module.make_loader()))
-            seconds, samples = time_training_steps(trainer, pl_module, batch, steps=5)
-            self.ours = samples / seconds
-            start = time.perf_counter()
-            for i in range(5):
-                loss = pl_module.training_step(batch, i)
-                loss.backward()
-            self.theirs = 5 * len(batch[0]) / (time.perf_counter() - start)
+            self.ours = self.theirs = 0.0
+            for _ in range(3):
+                seconds, samples = time_training_steps(trainer, pl_module, batch, steps=5)
+                self.ours = max(self.ours, samples / seconds)
+                start = time.perf_counter()
+                for i in range(5):
+                    loss = pl_module.training_step(batch, i)
+                    loss.backward()
+                self.theirs = max(self.theirs, 5 * len(batch[0]) / (time.perf_counter() - start))
 
     measure = Measure()
     model = pm.PipelineModel(pm.new_truth(), step_sleep=0.01, n=16)

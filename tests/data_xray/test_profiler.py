@@ -55,6 +55,7 @@ def _truth_ms(truth: torch.Tensor, total: int, count: int) -> float:
     [(0, None, False), (2, "fork", False), (2, "spawn", False), (2, "fork", True)],
     ids=["0-workers", "fork", "spawn", "fork-persistent"],
 )
+@pytest.mark.slow
 def test_stages_are_reported_as_measured_inside_the_workers(
     tmp_path: Path, workers: int, context: str | None, persistent: bool
 ) -> None:
@@ -90,6 +91,7 @@ def test_a_stream_is_timed_per_next(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_batches_are_unchanged_and_the_loader_is_given_back(tmp_path: Path) -> None:
     plain = pm.PipelineModel(pm.new_truth(), workers=2, context="fork")
     _fit(tmp_path, plain, DataPipelineProfiler(probe="off"), callbacks=[])
@@ -280,6 +282,7 @@ def _csv_rows(tmp_path: Path, name: str, stream: bool, probe: str) -> tuple[list
     return [r for r in rows if set(r) - {"step", "epoch"}], (model, profiler)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["map-style", "stream"])
 def test_no_value_from_a_trial_step_reaches_the_loggers(tmp_path: Path, stream: bool) -> None:
     """The model-ceiling probe runs the user's training_step: what the fit logs (per step and

@@ -156,6 +156,7 @@ def _warnings(profiler: DataPipelineProfiler) -> list[str]:
     return [f.id for f in profiler.doctor_findings() if f.severity != "info"]
 
 
+@pytest.mark.slow
 def test_a_cached_run_is_judged_once_the_cache_is_warm(tmp_path: Path) -> None:
     """Issue 29's second case: a slow cold fetch behind CachedDataset, 2 persistent workers."""
     with CachedDataset(pm.ColdDataset(160, 0.02), max_bytes=1 << 20) as cached:
@@ -192,6 +193,7 @@ def test_a_cached_run_is_judged_once_the_cache_is_warm(tmp_path: Path) -> None:
     assert "CachedDataset.fill()" in fix
 
 
+@pytest.mark.slow
 def test_a_cpu_bound_fetch_is_never_given_more_workers_than_cores(tmp_path: Path) -> None:
     loader = DataLoader(pm.ColdDataset(48, 0.01, spin=True), batch_size=8)
     profiler = DataPipelineProfiler(probe="start", probe_batches=2, model_steps=2)
@@ -284,6 +286,7 @@ def _ddp_rank_figures(tmp_dir: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_under_ddp_each_ranks_ceilings_agree_with_its_own_rate(tmp_path: Path) -> None:
     ranks = run_ddp(_ddp_rank_figures, str(tmp_path), world_size=2, timeout=300.0)
     for figures in ranks:
@@ -294,6 +297,7 @@ def test_under_ddp_each_ranks_ceilings_agree_with_its_own_rate(tmp_path: Path) -
         assert figures["loader"] >= figures["model"]
 
 
+@pytest.mark.slow
 def test_manual_optimization_gets_a_measured_verdict_and_its_fit_is_unchanged(
     tmp_path: Path,
 ) -> None:

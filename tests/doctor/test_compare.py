@@ -49,6 +49,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return before, after
 
 
+@pytest.mark.slow
 def test_compare_prints_figures_ratios_and_the_finding_that_disappeared(
     reports: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

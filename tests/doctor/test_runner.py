@@ -140,6 +140,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_writes_the_json_report_and_keeps_the_exit_code(tmp_path: Path) -> None:
     script = _script(tmp_path, FIT_SCRIPT.format(root=str(tmp_path)) + "raise SystemExit(4)\n")
     proc = _cli("--json", str(tmp_path / "r" / "report.json"), str(script), "a", cwd=tmp_path)
@@ -156,6 +157,7 @@ def test_cli_writes_the_json_report_and_keeps_the_exit_code(tmp_path: Path) -> N
         assert set(finding) >= {"component", "id", "message", "location", "figures"}
 
 
+@pytest.mark.slow
 def test_cli_shows_the_traceback_and_exits_nonzero(tmp_path: Path) -> None:
     script = _script(tmp_path, "print('before')\nraise KeyError('boom')\n")
     proc = _cli(str(script), cwd=tmp_path)
@@ -366,6 +368,7 @@ EXPECTED_TWIN_FINDINGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(NAMESPACE_NAMES) < 2, reason="needs both Lightning namespaces")
 def test_a_lightning_script_gets_the_same_report_as_its_pytorch_lightning_twin(
     tmp_path: Path,
@@ -397,6 +400,7 @@ def test_a_lightning_script_gets_the_same_report_as_its_pytorch_lightning_twin(
     } <= set(shapes["L"]["runs"][0][1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(NAMESPACE_NAMES) < 2, reason="needs both Lightning namespaces")
 def test_speedpack_doctor_on_an_import_lightning_as_l_script(tmp_path: Path) -> None:
     twin = _run_as_a_user_would(_twin(tmp_path, "pl"))
@@ -518,6 +522,7 @@ def test_only_attaches_just_the_named_diagnostics(
         DoctorSession(only="throughput")
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_an_unknown_diagnostic_in_one_line(tmp_path: Path) -> None:
     script = _script(tmp_path, "print('never run')\n")
     proc = _cli("--only", "throughput,nope", str(script), cwd=tmp_path)
@@ -571,6 +576,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_processes_the_doctor_does_not_attach_to_keep_their_output_byte_for_byte(
     tmp_path: Path,
 ) -> None:

@@ -24,6 +24,7 @@ def _run(args: list[str], tmp_path: Path) -> Finished:
     return proc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["slow_training.py", "fast_training.py"])
 def test_example_runs(script: str, tmp_path: Path) -> None:
     proc = _run([str(EXAMPLES / script), *SMALL, "--out", str(tmp_path / "out")], tmp_path)
@@ -38,6 +39,7 @@ def _doctor(script: str, tmp_path: Path) -> dict[str, Any]:
     return dict(json.loads(report_path.read_text()))
 
 
+@pytest.mark.slow
 def test_doctor_finds_each_problem_the_slow_example_was_written_with(tmp_path: Path) -> None:
     report = _doctor("slow_training.py", tmp_path)
     (run,) = report["runs"]
@@ -66,6 +68,7 @@ def test_doctor_finds_each_problem_the_slow_example_was_written_with(tmp_path: P
     assert figures["batch_size"] == 100
 
 
+@pytest.mark.slow
 def test_doctor_on_the_fast_example_shows_the_problems_gone(tmp_path: Path) -> None:
     report = _doctor("fast_training.py", tmp_path)
     (run,) = report["runs"]

@@ -421,6 +421,7 @@ class Manual(BoringModel):
     ],
     ids=["boring", "clean", "clean-logger", "manual", "accumulate", "clean-accumulate"],
 )
+@pytest.mark.slow
 def test_no_false_positives(
     tmp_path: Path, factory: Callable[[], LightningModule], kwargs: dict[str, Any]
 ) -> None:
@@ -447,6 +448,7 @@ def test_error_mode_raises_at_once_for_retained_activations(tmp_path: Path) -> N
         _fit(AuxLeak(), tmp_path, detector=LossRetentionDetector(mode="error"))
 
 
+@pytest.mark.slow
 def test_detector_never_extends_a_tensors_lifetime(tmp_path: Path) -> None:
     class Watched(BoringModel):
         def __init__(self) -> None:
@@ -702,6 +704,7 @@ def test_doctor_report_has_a_retention_section(tmp_path: Path, deep: bool, first
     assert result.report.runs[0].figures["retained_graphs"] == 4
 
 
+@pytest.mark.slow
 def test_holder_past_max_depth_is_named_by_the_heap_scan(tmp_path: Path) -> None:
     detector = _fit_warns(
         ListLeak(), tmp_path, detector=LossRetentionDetector(max_depth=1, deep_scan_every_n_steps=2)

@@ -176,6 +176,7 @@ def test_heap_scan_finds_graph_tensors_only() -> None:
     assert not any(t is kept for t in R.heap_graph_tensors(exclude=[kept]))
 
 
+@pytest.mark.slow
 def test_referrer_path_names_a_root_attribute() -> None:
     model = Holder()
     roots = {id(model): "model"}
@@ -278,6 +279,7 @@ def test_inspect_graphs_counts_shared_storage_once_and_marks_tags() -> None:
     assert R.inspect_graphs([]) == R.GraphInfo(False, 0, "")
 
 
+@pytest.mark.slow
 def test_helpers_keep_no_strong_reference() -> None:
     model = Holder()
     refs = [weakref.ref(t) for _, t in R.walk_containers([("model", model)], max_depth=6)]

@@ -65,6 +65,7 @@ def test_one_class_per_namespace_with_one_behaviour() -> None:
     ],
     ids=["pack-first", "L-first", "pack-last", "callback-first"],
 )
+@pytest.mark.slow
 def test_the_names_work_whatever_the_import_order(order: list[str]) -> None:
     code = textwrap.dedent(
         f"""

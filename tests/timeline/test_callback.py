@@ -165,6 +165,7 @@ class _BatchEndClock(Callback):
         self.ends[trainer.global_step] = time.perf_counter()
 
 
+@pytest.mark.slow
 def test_logged_phases_add_up_to_the_step_time(tmp_path: Path) -> None:
     timeline = StepTimeline(log_every_n_steps=4)
     clock = _BatchEndClock()
@@ -375,6 +376,7 @@ def test_nvtx_balanced_after_keyboard_interrupt(tmp_path: Path) -> None:
 # ---- validation, W&B, doctor, pickling --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_validation_is_not_charged_and_fits_twice(tmp_path: Path) -> None:
     rec = RecordingNvtx()
     timeline = StepTimeline(nvtx=rec.api)

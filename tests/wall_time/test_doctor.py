@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from lightning_speedpack.doctor.runner import DoctorSession
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
@@ -18,6 +20,7 @@ def _warnings(report: Any) -> list[str]:
     return [f.id for f in report.findings if f.severity in ("warning", "error")]
 
 
+@pytest.mark.slow
 @each_namespace
 def test_a_checkpoint_saved_every_step_is_the_first_warning_and_not_data_wait(
     ns: Namespace, tmp_path: Path

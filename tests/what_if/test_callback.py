@@ -74,6 +74,7 @@ def _fit(ns: Namespace, tmp_path: Path, callbacks: list[Any], **model: Any) -> t
     return trainer, recorder
 
 
+@pytest.mark.slow
 @each_namespace
 def test_the_fit_sees_the_same_first_batch_and_parameters_as_without_it(
     ns: Namespace, tmp_path: Path
@@ -313,6 +314,7 @@ def test_a_training_step_that_raises_gives_a_clear_error_and_leaves_nothing_behi
     assert global_state.diff(before, namespaces.snapshot()) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.filterwarnings("ignore:Consider setting `persistent_workers=True`")
 def test_spawned_workers_are_tried_too(tmp_path: Path) -> None:
@@ -421,6 +423,7 @@ def _ddp_apply(root: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_under_ddp_every_rank_applies_rank_zeros_winners(tmp_path: Path) -> None:
     from tests.helpers.ddp import run_ddp
