@@ -132,10 +132,10 @@ class OfflineWandb:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
 
-    def runs(self):  # type: ignore[no-untyped-def]
+    def runs(self) -> list[WandbRun]:
         return find_runs(self.dir)
 
-    def only_run(self, timeout: float = 90.0):  # type: ignore[no-untyped-def]
+    def only_run(self, timeout: float = 90.0) -> WandbRun:
         """The single run, once W&B's writer has finished it (its ``exit`` record is written).
 
         ``wandb.finish()`` can return before the offline writer (a separate service process)
