@@ -70,7 +70,8 @@ test-all: test test-rest test-versions
 
 # The Lightning-facing fast tests on the oldest and the newest stack the package claims, each in
 # its own venv under .venv-versions/ (reused while its pins match): `make test-versions
-# VERSIONS=oldest` runs one. CI runs `oldest` (the newest, torch 2.14.1, is a 5.5 GB CUDA build).
+# VERSIONS=oldest` runs one. CI runs `oldest` (the newest, torch 2.15.0, is a ~3 GB CUDA build from
+# the registry).
 VERSIONS ?=
 test-versions:
 	$(PYTHON) tests/versions/run_versions.py $(VERSIONS)

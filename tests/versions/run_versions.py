@@ -7,7 +7,7 @@ never a range that would pull a CUDA build from the registry), then its Lightnin
 the Lightning internals the pack leans on (the profiler's action names, the data fetcher, the fit
 and epoch loops, the logger connector, the hooks' order). It prints one line per environment::
 
-    PASS newest  py3.11.7 torch 2.14.1 pytorch-lightning 2.6.6  371 passed, 0 failed, 3 skipped  \
+    PASS newest  py3.11.7 torch 2.15.0 pytorch-lightning 2.6.6  388 passed, 0 failed, 25 skipped  \
 setup 2.1 s (reused), tests 128.0 s
 
 and exits 1 if any environment failed (2 on bad arguments). A venv is reused while its stamp (the
@@ -76,6 +76,10 @@ class Environment:
     name: str
     torch: str
     packages: tuple[str, ...]
+    #: Install from the package registry alone, past this machine's pip config (which caps torch
+    #: at the releases on its disk, 2.14.1): torch 2.15 comes from the registry, a CUDA build of
+    #: about 3 GB that runs on the CPU.
+    registry_only: bool = False
 
     def requirements(self) -> list[str]:
         """Every pin, torch first, as pip is given them."""
@@ -105,7 +109,9 @@ ENVIRONMENTS: dict[str, Environment] = {
     env.name: env
     for env in (
         Environment("oldest", torch="2.13.0", packages=("pytorch-lightning==2.5.0",)),
-        Environment("newest", torch="2.14.1", packages=("pytorch-lightning==2.6.6",)),
+        Environment(
+            "newest", torch="2.15.0", packages=("pytorch-lightning==2.6.6",), registry_only=True
+        ),
     )
 }
 
@@ -155,7 +161,8 @@ def parse_environment(spec: str) -> Environment:
 
     Example:
         >>> parse_environment("pl23=torch==2.13.0,pytorch-lightning==2.3.3")
-        Environment(name='pl23', torch='2.13.0', packages=('pytorch-lightning==2.3.3',))
+        Environment(name='pl23', torch='2.13.0', packages=('pytorch-lightning==2.3.3',),
+                    registry_only=False)
     """
     name, sep, pins = spec.partition("=")
     name = name.strip()
@@ -237,11 +244,12 @@ def stamp_for(env: Environment, python: str, pyproject: bytes) -> dict[str, obje
     Example:
         >>> stamp = stamp_for(ENVIRONMENTS["newest"], "3.11.7", b"[project]")
         >>> stamp["python"], stamp["requirements"][0]
-        ('3.11.7', 'torch==2.14.1')
+        ('3.11.7', 'torch==2.15.0')
     """
     return {
         "python": python,
         "requirements": [*env.requirements(), *TEST_DEPS],
+        "registry_only": env.registry_only,
         "pyproject": hashlib.sha256(pyproject).hexdigest(),
     }
 
@@ -347,7 +355,13 @@ class _StepFailed(Exception):
     """A step of building a venv failed; the message says which and where its log is."""
 
 
-def _run(cmd: Sequence[str], log: Path, verbose: bool, timeout: float | None = None) -> int:
+def _run(
+    cmd: Sequence[str],
+    log: Path,
+    verbose: bool,
+    timeout: float | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> int:
     """Run ``cmd`` in its own process group, appending its output to ``log``; its exit code.
 
     On timeout the whole group is killed and 124 returned.
@@ -358,6 +372,7 @@ def _run(cmd: Sequence[str], log: Path, verbose: bool, timeout: float | None = N
         proc = subprocess.Popen(
             list(cmd),
             cwd=ROOT,
+            env={**os.environ, **(extra_env or {})},
             stdout=None if verbose else out,
             stderr=subprocess.STDOUT if not verbose else None,
             start_new_session=True,
@@ -420,12 +435,14 @@ def build(env: Environment, venv: Path, rebuild: bool, verbose: bool) -> tuple[b
     if not python.exists() and _run([sys.executable, "-m", "venv", str(venv)], log, verbose):
         raise _StepFailed(f"python -m venv failed: see {_rel(log)}")
     pip = [str(python), "-m", "pip", "install", "--quiet"]
-    # Torch alone first: the exact release lies on this machine's disk, and with it installed
-    # nothing later asks pip for another one.
-    if _run([*pip, f"torch=={env.torch}"], log, verbose) != 0:
+    # No pip config file: its cap and this disk's indexes out of the way (the registry alone).
+    pip_env = {"PIP_CONFIG_FILE": os.devnull} if env.registry_only else None
+    # Torch alone first: the exact release lies on this machine's disk (or, registry-only, comes
+    # from the registry), and with it installed nothing later asks pip for another one.
+    if _run([*pip, f"torch=={env.torch}"], log, verbose, extra_env=pip_env) != 0:
         raise _StepFailed(f"installing torch=={env.torch} failed: see {_rel(log)}")
     steps = [*pip, "-e", ".", *env.requirements(), *TEST_DEPS]
-    if _run(steps, log, verbose) != 0:
+    if _run(steps, log, verbose, extra_env=pip_env) != 0:
         raise _StepFailed(f"installing the package and its pins failed: see {_rel(log)}")
     pins = env.pins()
     # A venv reused across different pins may hold `lightning` from an earlier spec.

@@ -6,6 +6,7 @@ Nothing here builds a venv or runs pip: the steps are recorded instead of run.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +118,20 @@ class _FakePip:
 
     def __init__(self, installed: dict[str, str], venv: Path) -> None:
         self.commands: list[list[str]] = []
+        self.envs: list[dict[str, str] | None] = []
         self.installed = installed
         self.venv = venv
 
-    def run(self, cmd: list[str], log: Path, verbose: bool, timeout: float | None = None) -> int:
+    def run(
+        self,
+        cmd: list[str],
+        log: Path,
+        verbose: bool,
+        timeout: float | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> int:
         self.commands.append(list(cmd))
+        self.envs.append(extra_env)
         if cmd[1:3] == ["-m", "venv"]:
             (self.venv / "bin").mkdir(parents=True)
             (self.venv / "bin" / "python").write_text("")
@@ -186,7 +196,7 @@ def test_build_removes_a_lightning_left_by_earlier_pins(
 ) -> None:
     venv = tmp_path / "newest"
     fake = _fake(
-        monkeypatch, venv, {"torch": "2.14.1", "pytorch-lightning": "2.6.6", "lightning": "2.6.6"}
+        monkeypatch, venv, {"torch": "2.15.0", "pytorch-lightning": "2.6.6", "lightning": "2.6.6"}
     )
     rv.build(NEWEST, venv, rebuild=False, verbose=False)
     assert fake.commands[-1][-4:] == ["uninstall", "--yes", "--quiet", "lightning"]
@@ -296,3 +306,17 @@ def test_a_failed_install_shows_pips_last_lines_without_its_notes_on_absent_inde
         "$ python -m pip install --quiet torch==9.9.9",
         "ERROR: Could not find a version that satisfies the requirement torch==9.9.9",
     ]
+
+
+def test_a_registry_only_environment_installs_past_the_machines_pip_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    venv = tmp_path / "venvs" / "newest"
+    fake = _fake(monkeypatch, venv, {"torch": "2.15.0", "pytorch-lightning": "2.6.6"})
+    rv.build(rv.ENVIRONMENTS["newest"], venv, rebuild=False, verbose=False)
+    assert fake.commands[1][-1] == "torch==2.15.0"
+    assert fake.envs[1:] == [{"PIP_CONFIG_FILE": os.devnull}] * 2  # both pip steps
+    oldest = tmp_path / "venvs" / "oldest"
+    fake = _fake(monkeypatch, oldest, {"torch": "2.13.0+cpu", "pytorch-lightning": "2.5.0"})
+    rv.build(rv.ENVIRONMENTS["oldest"], oldest, rebuild=False, verbose=False)
+    assert fake.envs == [None, None, None]  # this disk's torch, through the machine's config
