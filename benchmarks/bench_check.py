@@ -442,8 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results, seconds = check(chosen, measure=measure_in_child)
     total = time.perf_counter() - start
     failed = [r for r in results if r.status == "FAIL"]
+    passed = sum(r.status == "PASS" for r in results)
     print(
-        f"\n{len(results) - len(failed)} of {len(results)} figures within their bounds "
+        f"\n{passed} of {len(results)} figures within their bounds "
         f"({total:.0f} s); bounds: {shlex.quote(str(args.bounds))}"
     )
     if failed:
