@@ -61,8 +61,8 @@ test-one-namespace: $(PL_ONLY_STAMP)
 
 test: lint typecheck pytest test-one-namespace
 
-# Everything `make test` leaves out: slow, DDP and browser tests, the whole grid (less the cases
-# `make test` already ran) and the memory and count bounds of benchmarks/bounds.toml.
+# Everything `make test` leaves out: slow, DDP and browser tests (the grid's fast cases among them),
+# the memory and count bounds of benchmarks/bounds.toml, and the grid less those fast cases.
 test-rest: pytest-rest bench-check-stable
 	SPEEDPACK_GRID_SKIP_FAST=1 $(MAKE) test-grid
 
@@ -76,8 +76,8 @@ VERSIONS ?=
 test-versions:
 	$(PYTHON) tests/versions/run_versions.py $(VERSIONS)
 
-# The full "invisible to the job" grid (stacks x workers x pack modes, ~20 min); CI runs it after
-# `make test`, which runs its fast subset.
+# The full "invisible to the job" grid (stacks x workers x pack modes, ~20 min); `make test-rest`
+# runs it with SPEEDPACK_GRID_SKIP_FAST=1, after pytest-rest ran its fast cases (marked slow).
 test-grid: setup
 	$(BIN)/python -m pytest -p no:cacheprovider -m grid tests/test_invisible.py
 
