@@ -295,7 +295,16 @@ class BatchSizeTuner(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(mode=self.mode, attr_name=self.attr_name)
+        # Lightning reads this on every hook call (the profiler's action names): build it once
+        # per (mode, attr_name), not per call.
+        args = (self.mode, self.attr_name)
+        cached = self.__dict__.get("_state_key_cache")
+        if cached is None or cached[0] != args:
+            cached = self.__dict__["_state_key_cache"] = (
+                args,
+                self._generate_state_key(mode=self.mode, attr_name=self.attr_name),
+            )
+        return str(cached[1])
 
     # ------------------------------------------------------------------ hooks
 
