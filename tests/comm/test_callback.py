@@ -100,17 +100,23 @@ class CountsIterations(SizedBoringModel):
         return super().training_step(batch, batch_idx)
 
 
-def test_reads_ddps_samples_on_schedule_and_gives_the_rate_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fakes: list[FakeDDP] = []
+@pytest.fixture
+def fakes(monkeypatch: pytest.MonkeyPatch) -> list[FakeDDP]:
+    """DDP as the monitor finds it: one fake per test, made from the model it wraps."""
+    made: list[FakeDDP] = []
 
     def find_ddp(model: Any) -> FakeDDP:
-        if not fakes:
-            fakes.append(FakeDDP(model))
-        return fakes[0]
+        if not made:
+            made.append(FakeDDP(model))
+        return made[0]
 
     monkeypatch.setattr(ddp_stats, "find_ddp", find_ddp)
+    return made
+
+
+def test_reads_ddps_samples_on_schedule_and_gives_the_rate_back(
+    tmp_path: Path, fakes: list[FakeDDP]
+) -> None:
     monitor = CommMonitor(ddp_sample_rate=5)
     model = CountsIterations(fakes)
     Trainer(callbacks=[monitor], **quiet_trainer_kwargs(tmp_path, limit_val_batches=0)).fit(model)
@@ -134,16 +140,8 @@ def test_reads_ddps_samples_on_schedule_and_gives_the_rate_back(
 
 
 def test_with_no_sample_rate_ddps_own_setting_is_left_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fakes: list[FakeDDP]
 ) -> None:
-    fakes: list[FakeDDP] = []
-
-    def find_ddp(model: Any) -> FakeDDP:
-        if not fakes:
-            fakes.append(FakeDDP(model))
-        return fakes[0]
-
-    monkeypatch.setattr(ddp_stats, "find_ddp", find_ddp)
     monitor = CommMonitor(ddp_sample_rate=None)
     Trainer(callbacks=[monitor], **quiet_trainer_kwargs(tmp_path, limit_val_batches=0)).fit(
         CountsIterations(fakes)
@@ -162,16 +160,8 @@ class AccumulatesTwo(CountsIterations):
 
 
 def test_with_gradient_accumulation_ddp_iterations_are_windows_of_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fakes: list[FakeDDP]
 ) -> None:
-    fakes: list[FakeDDP] = []
-
-    def find_ddp(model: Any) -> FakeDDP:
-        if not fakes:
-            fakes.append(FakeDDP(model))
-        return fakes[0]
-
-    monkeypatch.setattr(ddp_stats, "find_ddp", find_ddp)
     monitor = CommMonitor(ddp_sample_rate=5)
     trainer = Trainer(
         callbacks=[monitor],
