@@ -36,6 +36,7 @@ from lightning_speedpack.advisor.run_inputs import (
 )
 from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hooks import overrides
 from lightning_speedpack.core.lightning import Callback, rank_zero_info
 from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
@@ -571,6 +572,9 @@ class SpeedAdvisor(Callback):
     def _watch_validation(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Forward hooks on the model and its direct children until the first validation run
         # ends (or the measurement does): one Python call per forward, no sync.
+        if not overrides(type(pl_module), "validation_step") or trainer.limit_val_batches == 0:
+            return  # no validation loop will run: hooks would cost a call per forward for nothing
+
         def check(module: torch.nn.Module, args: Any, output: Any) -> None:
             validating = trainer.validating or trainer.sanity_checking
             if validating and torch.is_grad_enabled() and self._eval_grad is None:

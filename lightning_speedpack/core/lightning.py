@@ -9,6 +9,8 @@ feature works for both, in the same process, with either one or both installed.
 
 - :data:`Callback` is a real subclass of the ``Callback`` of every installed namespace, so the
   pack's callbacks pass ``isinstance`` checks (and LightningCLI's config parser) in each.
+  Its instances leave out the per-batch hooks their class does not override
+  (:mod:`~lightning_speedpack.core.hooks`), so Lightning does not profile a no-op call each batch.
 - :func:`classes` gives, for a dotted name such as ``"loggers.WandbLogger"``, the tuple of that
   class in every installed namespace, for ``isinstance`` checks that accept both.
 - :func:`namespace_of` tells which namespace an object (a Trainer, a module) belongs to, for the
@@ -33,6 +35,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from lightning_utilities.core.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
+
+from lightning_speedpack.core.hooks import silence_default_hooks
 
 __all__ = [
     "INTERNALS",
@@ -299,11 +303,21 @@ def _callback_base() -> type[Any]:
         except ImportError as error:
             raise _import_error(namespace, error) from error
         raise ImportError(f"lightning-speedpack found no Callback class in {namespace}")
-    if len(bases) == 1:
-        return bases[0]
     # One class whose MRO holds every namespace's Callback (all plain classes with the same
     # no-op hooks), so `isinstance(cb, <either>.Callback)` is true and pickling is by one name.
-    return type("Callback", bases, {"__module__": __name__, "__qualname__": "Callback"})
+    # Its instances come with their default per-batch hooks silenced (core.hooks): Lightning
+    # then skips them instead of profiling a no-op call a batch for each.
+    return type(
+        "Callback",
+        bases,
+        {"__module__": __name__, "__qualname__": "Callback", "__new__": _new_callback},
+    )
+
+
+def _new_callback(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
+    instance = object.__new__(cls)  # Lightning's Callback defines no __new__ of its own
+    silence_default_hooks(instance)
+    return instance
 
 
 if TYPE_CHECKING:

@@ -549,3 +549,30 @@ def test_pin_memory_carries_the_step_timelines_share(tmp_path: Path) -> None:
         [round(measured.share, 4)] if measured.share >= 0.02 else []
     )
     assert events.subscriber_count() == 0
+
+
+class _ForwardHooks(Callback):
+    """Counts the forward hooks on the module while it trains."""
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.hooks = len(pl_module._forward_hooks)
+
+
+@pytest.mark.parametrize("validates", [True, False])
+def test_the_eval_grad_watch_hooks_the_forward_only_when_a_validation_loop_can_run(
+    tmp_path: Path, validates: bool
+) -> None:
+    from pytorch_lightning.demos.boring_classes import BoringModel
+
+    seen = _ForwardHooks()
+    trainer = Trainer(
+        callbacks=[SpeedAdvisor(verbose=False), seen],
+        **quiet_trainer_kwargs(
+            tmp_path, max_steps=2, limit_val_batches=2 if validates else 0, num_sanity_val_steps=0
+        ),
+    )
+    trainer.fit(BoringModel())
+    # Without a validation loop a hook would be one more Python call in every forward.
+    assert seen.hooks == (1 if validates else 0)

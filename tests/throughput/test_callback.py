@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import logging
 import textwrap
 import threading
@@ -608,9 +609,10 @@ class RankSizedModel(TimedModel):
         return DataLoader(SleepyDataset(8 * batch_size), batch_size=batch_size)
 
 
-def _ddp_fit(tmp: str) -> dict[str, Any]:
+def _ddp_fit(tmp: str, floor: int = 1) -> dict[str, Any]:
     logger = MemoryLogger()
     callback = ThroughputLogger(window=4, log_every_n_steps=4, gpu_stats=False)
+    callback.world_log_floor = floor
     trainer = Trainer(
         callbacks=[callback],
         use_distributed_sampler=False,
@@ -645,6 +647,27 @@ def test_ddp_world_rate_is_the_sum_over_ranks(tmp_path: Path) -> None:
     assert 2.0 < rank1["local"] / rank0["local"] < 4.5
     assert logged[f"{P}samples_per_sec"] > 1.5 * 2 * rank0["local"]
     assert rank0["figures"]["samples_per_sec"] == pytest.approx(rank1["figures"]["samples_per_sec"])
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_ddp_logging_steps_keep_the_world_floor_apart(tmp_path: Path) -> None:
+    # Each logging step is an all-reduce: the doctor's floor (50) keeps its 10-step window from
+    # adding one every 10 steps. Here a floor of 8 over log_every_n_steps=4.
+    rank0, _ = run_ddp(functools.partial(_ddp_fit, floor=8), str(tmp_path), timeout=200)
+    assert [step for step, _ in rank0["rows"]] == [8]
+    assert rank0["rows"][0][1][f"{P}samples"] == 8 * 4 + 8 * 12
+
+
+def test_the_world_floor_leaves_a_single_process_fit_alone(tmp_path: Path) -> None:
+    logger = MemoryLogger()
+    callback = ThroughputLogger(window=4, log_every_n_steps=4, gpu_stats=False)
+    callback.world_log_floor = 8
+    trainer = Trainer(
+        callbacks=[callback], **quiet_trainer_kwargs(str(tmp_path), max_steps=8, logger=logger)
+    )
+    trainer.fit(TimedModel())
+    assert [step for step, _ in logger.rows] == [4, 8]
 
 
 # ---- doctor ------------------------------------------------------------------------------
