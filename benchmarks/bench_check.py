@@ -316,6 +316,20 @@ def _doctor_cost() -> dict[str, float]:
     return {"doctor-cost": figures["default"]}
 
 
+def _world_cost() -> dict[str, float]:
+    # The clean 2-rank job made 16 epochs long, so that the training loop is most of the fit.
+    with tempfile.TemporaryDirectory(prefix="speedpack-bench-check-") as tmp:
+        out = Path(tmp) / "world-cost.json"
+        cmd = [sys.executable, str(HERE / "world_zoo.py"), "--cases", "clean", "--pairs", "5"]
+        cmd += ["--cost-epochs", "16", "--json", str(out)]
+        proc = subprocess.run(cmd, check=False, cwd=ROOT)
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"world_zoo.py --cases clean --pairs 5 exited {proc.returncode}")
+        cost = json.loads(out.read_text())["overhead"]
+    print(f"ddp doctor cost: fit {cost['fit_s']['ratio']:.3f}", file=sys.stderr, flush=True)
+    return {"ddp-doctor-loop-cost": cost["train_s"]["ratio"]}
+
+
 #: group -> (the function measuring its figures, the figures it gives)
 GROUPS: dict[str, tuple[Callable[[], dict[str, float]], tuple[str, ...]]] = {
     "cache-memory": (_cache_memory, ("cache-small-pss-2w", "cache-small-pss-4w")),
@@ -336,6 +350,7 @@ GROUPS: dict[str, tuple[Callable[[], dict[str, float]], tuple[str, ...]]] = {
         ),
     ),
     "doctor-cost": (_doctor_cost, ("doctor-cost",)),
+    "world-cost": (_world_cost, ("ddp-doctor-loop-cost",)),
 }
 GROUP_OF = {figure: group for group, (_, figures) in GROUPS.items() for figure in figures}
 
