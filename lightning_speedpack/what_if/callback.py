@@ -69,6 +69,11 @@ class WhatIf(Callback):
       (compile seconds reported apart, with the steps it takes to pay off),
       ``fused_optimizer``, ``cudnn_benchmark`` and ``tf32`` (CUDA), and ``batch_size`` (the two
       multiples of 8 around today's size).
+    - The gain is the fit's: a side's trial, projected with the other side's measured pace
+      (loading and the step add up without workers on a CPU; with workers, or on an
+      accelerator, the slower one sets the pace; see
+      :mod:`~lightning_speedpack.what_if.fit_gain`). The side's own ratio stays in the note
+      ("the loader alone 314 -> 626 samples/s (1.99x); the fit ...: 2.10x").
     - Numerics: the baseline and the candidate run the same batch from the same state; the
       largest relative difference of their losses is reported, and a candidate beyond
       ``tolerance`` is "changes the numerics", never applied.
@@ -111,7 +116,7 @@ class WhatIf(Callback):
     ``speedpack/what_if``                 table, one row per knob: knob, side, today,
                                           candidate, before, after (samples/s), gain,
                                           gain_low, gain_high, numerics, verdict, note
-    ``speedpack/what_if/<knob>_gain``     summary: the measured gain of each knob
+    ``speedpack/what_if/<knob>_gain``     summary: the fit's gain of each knob
     ====================================  ===================================================
 
     GPU paths (``pin_memory``, ``16-mixed``, ``cudnn_benchmark``, ``tf32``, the CUDA
@@ -200,6 +205,7 @@ class WhatIf(Callback):
         self.trial_seconds: float | None = None
         self._resumed: dict[str, Any] | None = None
         self._loader_workers = 0  # the fit's loader's own workers (what the trials started from)
+        self._accelerator = False  # the step runs on an accelerator (loading overlaps it)
         self._paces: tuple[float | None, float | None] = (None, None)  # today's, first pass
         self._hook: LoaderHook | None = None
         self._done = False
@@ -309,6 +315,7 @@ class WhatIf(Callback):
             self._apply(trainer, pl_module, settings, "resumed from the checkpoint")
             return
         self._loader_workers = int(getattr(loader, "num_workers", 0) or 0)
+        self._accelerator = trainer.strategy.root_device.type != "cpu"
         start = time.perf_counter()
         on_cpu = trainer.strategy.root_device.type != "cuda"
         knobs = (
@@ -402,6 +409,11 @@ class WhatIf(Callback):
             if m is not None and m.gain is not None and m.spread is not None:
                 low, high = m.spread
                 because = f"measured {m.gain:.2f}x ({low:.2f}-{high:.2f}) on this model and data"
+                if m.projected and m.ceiling_gain is not None:
+                    because = (
+                        f"the fit ~{m.gain:.2f}x ({low:.2f}-{high:.2f}; the {m.side} alone "
+                        f"{m.ceiling_gain:.2f}x) on this model and data"
+                    )
                 lines.append(f"WhatIf: {knob} {m.today} -> {value} for this fit: {because}")
             else:
                 lines.append(f"WhatIf: {knob} -> {value} for this fit: {why}")
@@ -419,7 +431,13 @@ class WhatIf(Callback):
     def projection(self) -> Projection:
         """End-to-end samples/s today and with the winners, beside the fit's measured rate."""
         return project(
-            self.measurements, self.min_gain, self.tolerance, self._fit_rate(), self._paces
+            self.measurements,
+            self.min_gain,
+            self.tolerance,
+            self._fit_rate(),
+            self._paces,
+            workers=self._loader_workers,
+            accelerator=self._accelerator,
         )
 
     def _fit_rate(self) -> float | None:

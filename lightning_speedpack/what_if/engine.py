@@ -12,6 +12,7 @@ alike. The budget, the rounds and the state they share live in
 
 from __future__ import annotations
 
+from lightning_speedpack.what_if.fit_gain import project_fit, side_rates
 from lightning_speedpack.what_if.loader_side import LoaderSide
 from lightning_speedpack.what_if.measure import Measurement
 from lightning_speedpack.what_if.model_side import ModelSide
@@ -44,6 +45,7 @@ class Trials(LoaderSide, ModelSide):
         if self.batch is None:
             self._draw_batch_main(self.loader)
         found = [*loader_side, *self._model_side()]
+        self._project(found)
         for m in found:
             if m.status is None and 0 < len(m.gains) < self.plan.rounds:
                 m.extra["rounds"] = (
@@ -51,3 +53,33 @@ class Trials(LoaderSide, ModelSide):
                 )
         order = {k: i for i, k in enumerate(self.plan.knobs)}
         return sorted(found, key=lambda m: order.get(m.knob, len(order)))
+
+    def _project(self, found: list[Measurement]) -> None:
+        """Each knob's gain as the fit will see it: its side's trial with the other side's pace.
+
+        The pace a side's knobs did not measure is measured here, once: the model's step
+        (``steps`` steps on the trials' batch) for the loader knobs, the loader's first batches
+        for the model knobs. A pace that cannot be measured (a step that fails, a library
+        stream) leaves that side's gains the trial's own, with a note.
+        """
+        sides = {m.side for m in found if m.status is None and m.before}
+        if "loader" in sides and self.model_step_s is None and self.batch is not None:
+            try:
+                self._calibrate_model()
+            except Exception:  # the model side says why, when it is tried; here: no projection
+                self.model_steps = self.model_step_s = None
+        if (
+            "model" in sides
+            and self.loader_batch_s is None
+            and self._loader_reason(self.loader) is None
+        ):
+            self._loader_batches()
+        loader, model = side_rates(found, self.paces)
+        workers = int(getattr(self.loader, "num_workers", 0) or 0)
+        accelerator = self.trainer.strategy.root_device.type != "cpu"
+        project_fit(found, loader, model, workers, accelerator)
+        for m in found:
+            if m.status is None and m.before and not m.projected:
+                other = "model's step" if m.side == "loader" else "loader"
+                note = f"the {m.side} alone: the {other} was not measured, the fit may gain less"
+                m.reason = f"{m.reason}; {note}" if m.reason else note

@@ -93,9 +93,10 @@ class LoaderSide(TrialBase):
     def _loader_batches(self) -> int:
         """Batches per loader trial: ``steps``, or more, so that a trial times ``MIN_TRIAL_S``."""
         if self.loader_batches is None:
-            # Two timed batches tell the pace: a slow loader's ten would spend the budget.
+            # Two timed batches tell the pace (a slow loader's ten would spend the budget), or
+            # one round of today's workers: part of a round reads too fast (whole_cycles).
             with lt.variant(self.loader) as side:
-                result = loader_ceiling(side, batches=2)
+                result = loader_ceiling(side, batches=lt.whole_cycles(2, side.num_workers))
             self.batch = result.batch
             per_batch = result.seconds / result.batches if result.batches else 0.0
             self.loader_batch_s = per_batch or None
@@ -255,6 +256,7 @@ class LoaderSide(TrialBase):
         )
         m.extra["on_top"] = True
         m.extra["workers"] = workers
+        m.extra["ceiling"] = ceiling  # the steady rate: the fit's projection adds the start-up
         return m
 
     def _knob_pin_memory(self, loader: DataLoader[Any], today: str) -> Measurement:

@@ -51,6 +51,14 @@ class Measurement:
             steps (None: not a model-side knob, or no loss to compare).
         reason: why it was not measured, or a note on the measurement.
         extra: knob-specific figures (compile seconds, epoch start-up seconds, ...).
+        fit_before: the fit's projected samples/s in each round with today's setting, from
+            ``before`` and the other side's measured rate
+            (:func:`~lightning_speedpack.what_if.fit_gain.project_fit`); empty: not projected.
+        fit_after: the same with the candidate.
+
+    The gain is the fit's (``fit_after`` over ``fit_before``) when it was projected: a loader
+    twice as fast does not make a fit twice as fast when the model's step takes most of it.
+    The trial's own ratio (the loader or the model alone) stays in :attr:`ceiling_gain`.
 
     Example:
         >>> m = Measurement("num_workers", "loader", "0", "2", 2, [100.0, 90.0, 110.0],
@@ -70,6 +78,8 @@ class Measurement:
     reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     status: str | None = None  # NOT_APPLICABLE or NOT_TRIED when nothing was measured
+    fit_before: list[float] = field(default_factory=list)
+    fit_after: list[float] = field(default_factory=list)
 
     @classmethod
     def skipped(cls, knob: str, side: str, today: str, status: str, reason: str) -> Measurement:
@@ -77,9 +87,39 @@ class Measurement:
         return cls(knob, side, today, status=status, reason=reason)
 
     @property
+    def projected(self) -> bool:
+        """Whether the gain is the fit's, projected from both sides (see the class docstring)."""
+        return bool(self.fit_before and self.fit_after)
+
+    @property
     def gains(self) -> list[float]:
-        """The candidate's rate over the baseline's, per round."""
-        return [a / b for a, b in zip(self.after, self.before, strict=False) if b > 0]
+        """The gain of each round: the fit's when projected, else the trial's own."""
+        if self.projected:
+            return _ratios(self.fit_before, self.fit_after)
+        return self.ceiling_gains
+
+    @property
+    def ceiling_gains(self) -> list[float]:
+        """The candidate's rate over the baseline's in the trial itself, per round."""
+        return _ratios(self.before, self.after)
+
+    @property
+    def ceiling_gain(self) -> float | None:
+        """The median of :attr:`ceiling_gains` (the loader's or the model's own gain)."""
+        gains = self.ceiling_gains
+        return statistics.median(gains) if gains else None
+
+    @property
+    def rate_before(self) -> float | None:
+        """The samples/s the gain is a ratio of, today (the fit's when projected)."""
+        values = self.fit_before if self.projected else self.before
+        return statistics.median(values) if values else None
+
+    @property
+    def rate_after(self) -> float | None:
+        """The same with the candidate."""
+        values = self.fit_after if self.projected else self.after
+        return statistics.median(values) if values else None
 
     @property
     def gain(self) -> float | None:
@@ -117,6 +157,10 @@ class Measurement:
         if min(gains) < min_gain:
             return UNCERTAIN
         return APPLY
+
+
+def _ratios(before: list[float], after: list[float]) -> list[float]:
+    return [a / b for a, b in zip(after, before, strict=False) if b > 0]
 
 
 def best_of(measurements: list[Measurement]) -> Measurement | None:

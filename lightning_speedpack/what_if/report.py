@@ -1,14 +1,17 @@
 """The what-if table, the projection, the findings: what ``WhatIf`` measured, in words and rows.
 
-One row per knob: today, the candidate, the ceiling before -> after (samples/s, the medians of
-the rounds), the gain with its spread, the numerics and the verdict. The projection: the
-end-to-end samples/s a run can reach is the lower of its two ceilings, today and with the
-winners, beside what the fit then measured.
+One row per knob: today, the candidate, the fit's samples/s before -> after (the medians of the
+rounds, projected from the trial and the other side's pace, see
+:mod:`~lightning_speedpack.what_if.fit_gain`; the trial's own ceilings when the other side was
+not measured), the gain with its spread, the numerics and the verdict; the note keeps the
+trial's own ratio ("the loader alone 314 -> 626 samples/s, 1.99x"). The projection: the
+end-to-end samples/s of the two ceilings combined as the fit combines them (one after the
+other without workers on a CPU, the slower of the two with them), today and with the winners,
+beside what the fit then measured.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 from lightning_speedpack.core.events import KnobResult, WhatIfResults
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.tables import TABLES
+from lightning_speedpack.what_if.fit_gain import fit_rate, overlaps, side_rates
 from lightning_speedpack.what_if.knobs import RUN_TIME
 from lightning_speedpack.what_if.measure import APPLY, Measurement
 
@@ -25,7 +29,9 @@ COLUMNS: tuple[str, ...] = TABLES["speedpack/what_if"]
 
 
 def _note(m: Measurement) -> str:
-    parts = [m.reason] if m.reason else []
+    parts = [_alone(m)] if m.projected else []
+    if m.reason:
+        parts.append(m.reason)
     extra = m.extra
     if "compile_s" in extra:
         even = extra.get("break_even_steps")
@@ -45,6 +51,18 @@ def _note(m: Measurement) -> str:
     return "; ".join(parts)
 
 
+def _alone(m: Measurement) -> str:
+    """The trial's own ceilings and ratio, and the other side's pace the fit's gain used."""
+    other = m.extra.get("other_side")
+    with_ = (
+        f"the model's step at {other:,.0f}" if m.side == "loader" else f"the loader at {other:,.0f}"
+    )
+    return (
+        f"the {m.side} alone {_n(m.ceiling_before)} -> {_n(m.ceiling_after)} samples/s "
+        f"({m.ceiling_gain or 0.0:.2f}x); the fit, with {with_} samples/s: {m.gain or 0.0:.2f}x"
+    )
+
+
 def rows(found: Sequence[Measurement], min_gain: float, tolerance: float) -> list[list[Any]]:
     """The table's rows (plain values), in :data:`COLUMNS` order."""
     out = []
@@ -56,8 +74,8 @@ def rows(found: Sequence[Measurement], min_gain: float, tolerance: float) -> lis
                 m.side,
                 m.today,
                 m.candidate,
-                _round(m.ceiling_before, 1),
-                _round(m.ceiling_after, 1),
+                _round(m.rate_before, 1),
+                _round(m.rate_after, 1),
                 _round(m.gain, 3),
                 _round(low, 3),
                 _round(high, 3),
@@ -100,8 +118,8 @@ def format_table(found: Sequence[Measurement], min_gain: float, tolerance: float
     for m in found:
         verdict = m.verdict(min_gain, tolerance)
         ceilings = (
-            f"{m.ceiling_before:,.0f} -> {m.ceiling_after:,.0f}"
-            if m.ceiling_before is not None and m.ceiling_after is not None
+            f"{m.rate_before:,.0f} -> {m.rate_after:,.0f}"
+            if m.rate_before is not None and m.rate_after is not None
             else "-"
         )
         gain = "-"
@@ -122,32 +140,37 @@ def format_table(found: Sequence[Measurement], min_gain: float, tolerance: float
 
 @dataclass(frozen=True)
 class Projection:
-    """End-to-end samples/s: the lower of the two ceilings, today and with the winners."""
+    """End-to-end samples/s: the two ceilings combined as the fit does, today and with the winners.
+
+    ``overlap_today`` / ``overlap_after``: whether loading runs beside the step (workers, or an
+    accelerator) -- then the slower ceiling sets the pace; else the two times add.
+    """
 
     loader_today: float | None
     model_today: float | None
     loader_after: float | None
     model_after: float | None
     fit_measured: float | None = None
+    overlap_today: bool = True
+    overlap_after: bool = True
 
     @property
     def today(self) -> float | None:
-        """min(loader, model) today."""
-        return _min(self.loader_today, self.model_today)
+        """The fit's samples/s today."""
+        return _combined(self.loader_today, self.model_today, self.overlap_today)
 
     @property
     def after(self) -> float | None:
-        """min(loader, model) with the winners."""
-        return _min(self.loader_after, self.model_after)
+        """The fit's samples/s with the winners."""
+        return _combined(self.loader_after, self.model_after, self.overlap_after)
 
     def message(self) -> str:
         """The projection in one sentence."""
         parts = []
         if self.today is not None:
-            parts.append(
-                f"end to end today: min(loader {_n(self.loader_today)}, model "
-                f"{_n(self.model_today)}) = {self.today:,.0f} samples/s"
-            )
+            both = f"loader {_n(self.loader_today)}, model {_n(self.model_today)}"
+            how = f"min({both})" if self.overlap_today else f"{both} one after the other"
+            parts.append(f"end to end today: {how} = {self.today:,.0f} samples/s")
         if self.after is not None:
             parts.append(f"with the winners: {self.after:,.0f} samples/s")
         if self.fit_measured is not None:
@@ -155,17 +178,14 @@ class Projection:
         return "; ".join(parts) or "no ceiling was measured"
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    known = sorted(v for v in values if v is not None)
-    return statistics.median(known) if known else None
-
-
 def _n(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _min(a: float | None, b: float | None) -> float | None:
-    known = [v for v in (a, b) if v is not None]
+def _combined(loader: float | None, model: float | None, overlapped: bool) -> float | None:
+    if loader and model:
+        return fit_rate(loader, model, overlapped)
+    known = [v for v in (loader, model) if v is not None]
     return min(known) if known else None
 
 
@@ -175,35 +195,47 @@ def project(
     tolerance: float,
     fit: float | None = None,
     paces: tuple[float | None, float | None] = (None, None),
+    workers: int | None = None,
+    accelerator: bool = False,
 ) -> Projection:
-    """Both ceilings today (the baselines) and with every ``apply`` winner (gains multiplied).
+    """Both ceilings today (the baselines) and with every ``apply`` winner, combined as the fit.
 
     ``paces`` are today's loader and model samples/s from the first pass of each (the trials'
-    calibration): the ceilings when no knob of that side measured its own baseline.
+    calibration): the ceilings when no knob of that side measured its own baseline. Each
+    winner multiplies its side's ceiling by its own trial's gain (the loader's or the
+    model's alone); ``workers`` (today's; None: unknown, the overlap assumed) and the
+    ``num_workers`` winner say whether loading and the step overlap
+    (:func:`~lightning_speedpack.what_if.fit_gain.fit_rate`).
 
     Example:
         >>> w = Measurement("num_workers", "loader", "0", "2", 2, [100.0] * 3, [190.0] * 3)
         >>> c = Measurement("channels_last", "model", "-", "cl", True, [400.0] * 3, [440.0] * 3)
-        >>> p = project([w, c], 1.05, 1e-3)
+        >>> p = project([w, c], 1.05, 1e-3, workers=0)
         >>> round(p.today), round(p.after)
-        (100, 190)
+        (80, 190)
     """
-    loader = [
-        m for m in found if m.side == "loader" and m.ceiling_before and not m.extra.get("on_top")
-    ]
-    model = [m for m in found if m.side == "model" and m.ceiling_before and m.knob != "batch_size"]
-    # Each knob measured its own baseline; the median of them is the least disturbed figure.
-    loader_today = _median([m.ceiling_before for m in loader]) or paces[0]
-    model_today = _median([m.ceiling_before for m in model]) or paces[1]
+    loader_today, model_today = side_rates(found, paces)
     loader_after, model_after = loader_today, model_today
+    after_workers = workers
     for m in found:
-        if m.verdict(min_gain, tolerance) != APPLY or m.gain is None:
+        gain = m.ceiling_gain
+        if m.verdict(min_gain, tolerance) != APPLY or gain is None:
             continue
         if m.side == "loader" and loader_after is not None:
-            loader_after *= m.gain
+            loader_after *= gain
+            if m.knob == "num_workers" and isinstance(m.value, int):
+                after_workers = m.value
         elif m.side == "model" and model_after is not None and m.knob != "batch_size":
-            model_after *= m.gain
-    return Projection(loader_today, model_today, loader_after, model_after, fit)
+            model_after *= gain
+    return Projection(
+        loader_today,
+        model_today,
+        loader_after,
+        model_after,
+        fit,
+        overlap_today=workers is None or overlaps(workers, accelerator),
+        overlap_after=after_workers is None or overlaps(after_workers, accelerator),
+    )
 
 
 def results(
@@ -256,6 +288,13 @@ def findings(
             f"{m.knob}: {m.today} -> {m.candidate} measured {m.gain:.2f}x "
             f"({spread[0]:.2f}-{spread[1]:.2f} over the rounds) on this model and data"
         )
+        if m.projected and m.ceiling_gain is not None:
+            figures[f"{m.side}_alone_gain"] = round(m.ceiling_gain, 3)
+            measured = (
+                f"{m.knob}: {m.today} -> {m.candidate} gains the fit {m.gain:.2f}x "
+                f"({spread[0]:.2f}-{spread[1]:.2f} over the rounds; the {m.side} alone "
+                f"{m.ceiling_gain:.2f}x) on this model and data"
+            )
         if m.knob in applied:
             out.append(
                 Finding(

@@ -54,7 +54,8 @@ def conv_model(name: str) -> type[Any]:
     Keyword arguments: ``batch_size``, ``n`` (samples), ``nap`` (seconds per sample),
     ``stream`` (an :class:`Stream` instead), ``shards``, ``workers``, ``context`` (the
     DataLoader's multiprocessing context), ``fail`` (``training_step`` raises),
-    ``oom_channels_last`` (an out-of-memory error on channels_last input).
+    ``oom_channels_last`` (an out-of-memory error on channels_last input), ``step_nap``
+    (seconds each ``training_step`` sleeps: a model step of known cost).
     """
     ns = load(name)
 
@@ -70,6 +71,7 @@ def conv_model(name: str) -> type[Any]:
             context: str | None = None,
             fail: bool = False,
             oom_channels_last: bool = False,
+            step_nap: float = 0.0,
         ) -> None:
             super().__init__()
             self.net = nn.Sequential(
@@ -82,6 +84,7 @@ def conv_model(name: str) -> type[Any]:
             self.batch_size, self.n, self.nap = batch_size, n, nap
             self.stream, self.shards, self.workers, self.context = stream, shards, workers, context
             self.fail, self.oom_channels_last = fail, oom_channels_last
+            self.step_nap = step_nap
             self.first_batches: list[Any] = []
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,6 +93,8 @@ def conv_model(name: str) -> type[Any]:
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             if self.fail:
                 raise ValueError("planted: training_step fails")
+            if self.step_nap:
+                time.sleep(self.step_nap)
             x = batch if self.stream else batch[0]
             channels_last = x.is_contiguous(memory_format=torch.channels_last)
             if self.oom_channels_last and channels_last and not x.is_contiguous():
