@@ -45,12 +45,10 @@ import functools
 import operator
 import os
 import weakref
-from array import array
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from lightning_speedpack.cache import liveness
 from lightning_speedpack.cache.arena_file import (
@@ -68,8 +66,11 @@ from lightning_speedpack.cache.arena_file import (
     HEADER_WORDS,
     MAX_COUNTERS,
     MAX_FILLERS,
+    MAX_STRUCTURES,
+    NBYTES_MASK,
     READY,
     SLOT_WORDS,
+    STRUCTURE_SHIFT,
     WRITING,
     ArenaState,
     Handle,
@@ -88,16 +89,14 @@ from lightning_speedpack.cache.codec import (
     ALIGN,
     Decoder,
     EncodedSample,
-    Leaf,
     decode,
     decode_leaf,
-    decoder_of,
-    leaf_views,
     plan_of,
 )
 from lightning_speedpack.cache.codec import _PARSED as _PLANS
 from lightning_speedpack.cache.liveness import OWNERS, ROWS, USERS
 from lightning_speedpack.cache.stream_fill import StreamFill
+from lightning_speedpack.cache.structures import Structures
 
 __all__ = [
     "EMPTY",
@@ -113,10 +112,6 @@ __all__ = [
 RESERVE_CHUNK = 16 << 20
 _ROW_BITS = 16  # writer word: (generation << 16) | (row + 1); 0 means "no live writer"
 
-# Decoders kept per arena and process: samples differing only in a scalar (a label stored in
-# the structure text) each have one; past this many, the rest are decoded one at a time.
-_MAX_DECODERS = 4096  # < 2**15: a decoder number fits the per-slot int16
-
 StoreResult = Literal["stored", "skipped", "budget_exhausted_now", "budget_exhausted"]
 GetMany = Literal["each", "together", "views"]
 
@@ -129,7 +124,11 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-class Arena(StreamFill):
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Arena(StreamFill, Structures):
     """The shared cache file of one dataset: see the module docstring for the protocol.
 
     Use ``Arena.open`` in the process that owns the dataset and ``Arena.attach`` to re-open
@@ -142,11 +141,11 @@ class Arena(StreamFill):
         mm = handle.mm
         words = np.frombuffer(mm, dtype=np.int64, count=HEADER_WORDS)
         n_slots = int(words[_NSLOTS])
-        c, f, s, data_start = layout(n_slots)
+        c, f, st, s, data_start = layout(n_slots)
         table = np.frombuffer(mm, dtype=np.int64, count=data_start // 8)
         self._words = words
         self._counters = table[c:f].reshape(MAX_COUNTERS, 4)
-        self._fillers = table[f:s].reshape(MAX_FILLERS, 4)
+        self._fillers = table[f:st].reshape(MAX_FILLERS, 4)
         self._slots = table[s : s + n_slots * SLOT_WORDS].reshape(n_slots, SLOT_WORDS)
         self._bytes = np.frombuffer(mm, dtype=np.uint8)
         # Flat int64 memoryviews: reading one slot or bumping one counter through them costs
@@ -161,17 +160,7 @@ class Arena(StreamFill):
         self._row = -1
         self._row_pid = -1
         self._writer = 0
-        # Read side, this process only: which decoder each published slot needs (-1: not
-        # looked up yet). A slot's bytes never change once READY, so neither does its entry.
-        self._decoder_ids: array[int] | None = None
-        self._decoders: list[Decoder] = []
-        self._decoder_index: dict[bytes, int] = {}
-        # Decoders whose tensor leaves lie alike share a layout: a batch decodes them together.
-        self._layout_of: list[int] = []  # decoder -> layout (-1: decoded one at a time)
-        self._layout_index: dict[tuple[Any, ...], int] = {}
-        # The whole mapping as a tensor per dtype, for views (made on first use, with the
-        # array they were made from: a re-mapped arena gets new ones).
-        self._flats: tuple[np.ndarray[Any, Any], dict[torch.dtype, torch.Tensor]] | None = None
+        self._init_structures(table[st:s].reshape(MAX_STRUCTURES, 2))
         self._finalizer = weakref.finalize(self, handle.close, functools.partial(release, handle))
 
     # ----------------------------------------------------------------- opening and closing
@@ -270,6 +259,7 @@ class Arena(StreamFill):
             # Drop this object's views first so the mapping can really be closed.
             self._flats = None
             del self._words, self._counters, self._fillers, self._slots, self._bytes
+            del self._structures
             del self._slot_words, self._counter_words
             self._finalizer()
 
@@ -288,7 +278,11 @@ class Arena(StreamFill):
         words, at = self._slot_words, index * SLOT_WORDS
         if words[at] != READY:
             return MISSING
-        return decode(self._bytes, self.data_start + words[at + 2])
+        start = self.data_start + words[at + 2]
+        sid = (words[at + 3] >> STRUCTURE_SHIFT) - 1
+        if sid < 0:  # a whole blob, its structure text inside
+            return decode(self._bytes, start)
+        return self._decoders[self._data_decoder(sid)].one(self._bytes, start)
 
     def get_many(self, indices: Sequence[Any], n: int, *, how: GetMany = "together") -> list[Any]:
         """The decoded samples at ``indices``, ``MISSING`` where not published or not in [0, n).
@@ -328,27 +322,6 @@ class Arena(StreamFill):
                 out[pos] = sample
         return out
 
-    def _leaf_views(
-        self, bases: list[int], leaves: tuple[Leaf, ...]
-    ) -> list[list[torch.Tensor]] | None:
-        """Each leaf of the blobs at ``bases`` as views into the arena; None if one can't be."""
-        flats = self._flats
-        if flats is None or flats[0] is not self._bytes:  # first use, or a new mapping
-            whole = torch.from_numpy(self._bytes)
-            flats = self._flats = (self._bytes, {torch.uint8: whole})
-        columns = []
-        for leaf in leaves:
-            dtype = leaf[2]
-            flat = flats[1].get(dtype)
-            if flat is None:
-                usable_bytes = len(self._bytes) // dtype.itemsize * dtype.itemsize
-                flat = flats[1][dtype] = flats[1][torch.uint8][:usable_bytes].view(dtype)
-            column = leaf_views(flat, bases, leaf)
-            if column is None:
-                return None
-            columns.append(column)
-        return columns
-
     def _by_layout(
         self, indices: Sequence[Any], n: int, out: list[Any]
     ) -> dict[int, tuple[list[int], list[int], list[Decoder]]]:
@@ -358,24 +331,29 @@ class Arena(StreamFill):
         this process keeps is decoded into ``out`` at once.
         """
         words, data_start, blob = self._slot_words, self.data_start, self._bytes
-        ids = self._decoder_ids
-        if ids is None or len(ids) < n:  # sized to the slots read so far (a stream's are few)
-            known = ids if ids is not None else array("h")
-            known.extend(array("h", [-1]) * (min(n, self.n_slots) - len(known)))
-            ids = self._decoder_ids = known
-        decoders, layouts = self._decoders, self._layout_of
+        ids = None  # whole blobs' decoder numbers, made when the first one is read
+        decoders, layouts, by_sid = self._decoders, self._layout_of, self._sid_decoder
         groups: dict[int, tuple[list[int], list[int], list[Decoder]]] = {}
         for pos, index in enumerate(indices):
             i = index if type(index) is int else operator.index(index)
-            if not 0 <= i < n or words[i * SLOT_WORDS] != READY:
+            at = i * SLOT_WORDS
+            if not 0 <= i < n or words[at] != READY:
                 continue
-            start = data_start + words[i * SLOT_WORDS + 2]
-            d = ids[i]
-            if d < 0:
-                d = self._learn_decoder(i, start)
+            start = data_start + words[at + 2]
+            sid = (words[at + 3] >> STRUCTURE_SHIFT) - 1
+            if sid >= 0:
+                d = by_sid[sid] if sid < len(by_sid) else -1
                 if d < 0:
-                    out[pos] = decode(blob, start)
-                    continue
+                    d = self._data_decoder(sid)
+            else:
+                if ids is None:
+                    ids = self._whole_blob_ids(n)  # sized to the slots read (a stream's few)
+                d = ids[i]
+                if d < 0:
+                    d = self._learn_decoder(i, start)
+                    if d < 0:
+                        out[pos] = decode(blob, start)
+                        continue
             decoder = decoders[d]
             group = groups.get(layouts[d])
             if group is None:
@@ -390,13 +368,20 @@ class Arena(StreamFill):
         """:meth:`get_many` one sample at a time: one loop with the decoding inlined."""
         words, blob, data_start, mm = self._slot_words, self._bytes, self.data_start, self._h.mm
         unpack, plans, head = _LEN.unpack_from, _PLANS, _LEN.size
+        decoders, by_sid = self._decoders, self._sid_decoder
         out: list[Any] = []
         for index in indices:
             i = index if type(index) is int else operator.index(index)
-            if not 0 <= i < n or words[i * SLOT_WORDS] != READY:
+            at = i * SLOT_WORDS
+            if not 0 <= i < n or words[at] != READY:
                 out.append(MISSING)
                 continue
-            start = data_start + words[i * SLOT_WORDS + 2]
+            start = data_start + words[at + 2]
+            sid = (words[at + 3] >> STRUCTURE_SHIFT) - 1
+            if sid >= 0:
+                d = by_sid[sid] if sid < len(by_sid) else -1
+                out.append(decoders[d if d >= 0 else self._data_decoder(sid)].one(blob, start))
+                continue
             (length,) = unpack(mm, start)
             text = mm[start + head : start + head + length]
             plan = plans.get(text)
@@ -404,33 +389,6 @@ class Arena(StreamFill):
                 plan = plan_of(text)
             out.append(plan(blob, start + (head + length + ALIGN - 1) // ALIGN * ALIGN))
         return out
-
-    def _learn_decoder(self, index: int, start: int) -> int:
-        """Find (or build) the decoder of the slot at ``index``; -1 if there are too many."""
-        (length,) = _LEN.unpack_from(self._h.mm, start)
-        text = self._h.mm[start + _LEN.size : start + _LEN.size + length]
-        d = self._decoder_index.get(text)
-        if d is None and len(self._decoders) >= _MAX_DECODERS:
-            return -1  # checked before compiling: past the cap every new text would pay for it
-        decoder = decoder_of(text) if d is None else None  # compiled outside the lock
-        # Numbering must not race between threads reading at once (a thread-pool loader): two
-        # texts given one number would decode each other's samples. The handle's count lock is
-        # short-held and replaced in a forked child.
-        with self._h.count_lock:
-            d = self._decoder_index.get(text)
-            if d is None:
-                if decoder is None or len(self._decoders) >= _MAX_DECODERS:
-                    return -1  # another thread filled the last places meanwhile
-                d = self._decoder_index[text] = len(self._decoders)
-                self._decoders.append(decoder)
-                self._layout_of.append(
-                    -1
-                    if decoder.leaves is None
-                    else self._layout_index.setdefault(decoder.leaves, len(self._layout_index))
-                )
-            assert self._decoder_ids is not None
-            self._decoder_ids[index] = d
-        return d
 
     def is_ready(self, index: int) -> bool:
         """Whether ``index`` is published."""
@@ -447,12 +405,14 @@ class Arena(StreamFill):
         me = self._writer
         if me == 0:
             return "skipped"  # more than MAX_COUNTERS live processes: this one only reads
-        size = (encoded.nbytes + ALIGN - 1) // ALIGN * ALIGN
         with self._locked():
             state, writer = int(slot[0]), int(slot[1])
             if state == READY or (state == WRITING and self._writer_alive(writer)):
                 return "skipped"
-            if state == WRITING and (int(slot[3]) + ALIGN - 1) // ALIGN * ALIGN >= size:
+            sid = self._structure_id(encoded.text)
+            nbytes = encoded.data_nbytes if sid >= 0 else encoded.nbytes
+            size = _align(nbytes)
+            if state == WRITING and _align(int(slot[3]) & NBYTES_MASK) >= size:
                 offset = int(slot[2])  # reuse the space a dead writer reserved
             else:
                 offset = self._allocate(size)
@@ -460,11 +420,11 @@ class Arena(StreamFill):
                     first = not self._words[_EXHAUSTED]
                     self._words[_EXHAUSTED] = 1
                     return "budget_exhausted_now" if first else "budget_exhausted"
-            slot[1], slot[2], slot[3] = me, offset, encoded.nbytes
+            slot[1], slot[2], slot[3] = me, offset, nbytes | (sid + 1) << STRUCTURE_SHIFT
             slot[0] = WRITING
         start = self.data_start + offset
         try:
-            encoded.write_into(self._bytes[start : start + encoded.nbytes])
+            encoded.write_into(self._bytes[start : start + nbytes], data_only=sid >= 0)
         except BaseException:
             # Hand the slot back (space kept for the next writer): a claim this live process
             # abandoned would otherwise look "being written" to everyone until it exits.
@@ -520,21 +480,22 @@ class Arena(StreamFill):
         me = self._writer
         if me == 0:
             return "skipped", -1
-        size = (encoded.nbytes + ALIGN - 1) // ALIGN * ALIGN
         with self._locked():
             index = int(self._words[_NEXT])
-            offset = self._allocate(size) if index < self.n_slots else -1
+            sid = self._structure_id(encoded.text) if index < self.n_slots else -1
+            nbytes = encoded.data_nbytes if sid >= 0 else encoded.nbytes
+            offset = self._allocate(_align(nbytes)) if index < self.n_slots else -1
             if offset < 0:
                 first = not self._words[_EXHAUSTED]
                 self._words[_EXHAUSTED] = 1
                 return ("budget_exhausted_now" if first else "budget_exhausted"), -1
             self._words[_NEXT] = index + 1
             slot = self._slots[index]
-            slot[1], slot[2], slot[3] = me, offset, encoded.nbytes
+            slot[1], slot[2], slot[3] = me, offset, nbytes | (sid + 1) << STRUCTURE_SHIFT
             slot[0] = WRITING
         start = self.data_start + offset
         try:
-            encoded.write_into(self._bytes[start : start + encoded.nbytes])
+            encoded.write_into(self._bytes[start : start + nbytes], data_only=sid >= 0)
         except BaseException:
             with self._locked():
                 slot[1] = 0  # left WRITING: never served (a stream slot is never reused)

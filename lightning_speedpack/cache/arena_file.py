@@ -7,8 +7,10 @@ words 0-63              header: magic, version, sizes, bump pointer, budget flag
                         and the stream bookkeeping (next item, fill configuration, complete)
 counters (512 x 4)      ``(pid, generation, hits, misses)``: one row per process
 fillers (1024 x 4)      ``(position, done, passes, 0)`` per stream shard (stream caches only)
-slots (n x 4)           ``(state, writer, offset, nbytes)`` for each item
-payload                 the encoded samples, each at a 64-byte boundary (see ``codec``)
+structures (1024 x 2)   ``(offset, length)`` of each structure text kept once (``structures``)
+slots (n x 4)           ``(state, writer, offset, nbytes | (structure + 1) << 48)`` per item
+payload                 the encoded samples, each at a 64-byte boundary (see ``codec``): the
+                        data alone when the slot names a structure, else the full blob
 ======================  =====================================================================
 
 A file is written complete next to its final name and moved into place (``link`` or
@@ -44,8 +46,11 @@ __all__ = [
     "HEADER_WORDS",
     "MAX_COUNTERS",
     "MAX_FILLERS",
+    "MAX_STRUCTURES",
+    "NBYTES_MASK",
     "READY",
     "SLOT_WORDS",
+    "STRUCTURE_SHIFT",
     "WRITING",
     "ArenaState",
     "Handle",
@@ -66,20 +71,28 @@ MAX_COUNTERS = 512
 EMPTY, READY, WRITING = 0, 1, 2
 MAX_FILLERS = 1024
 SLOT_WORDS = 4
+#: Structure texts an arena keeps once each; a sample with yet another one is stored whole.
+MAX_STRUCTURES = 1024
+#: A slot's last word: the blob's size in the low bits, its structure number + 1 above (0: the
+#: blob carries its own structure text).
+STRUCTURE_SHIFT = 48
+NBYTES_MASK = (1 << STRUCTURE_SHIFT) - 1
 
 # header word indices
 _MAGIC, _VERSION, _DATA_START, _NSLOTS, _CAPACITY, _USED, _EXHAUSTED, _RESERVED = range(8)
 _RETIRED_HITS, _RETIRED_MISSES, _KIND, _NONCE, _FINGERPRINT = 8, 9, 10, 11, 12  # fp: 12-15
 _NEXT, _FILL_EXPECTED, _FILL_WORKERS, _COMPLETE = 16, 17, 18, 19  # stream caches
+_NSTRUCT = 20  # structure texts published (see the structures table)
 
 
-def layout(n_slots: int) -> tuple[int, int, int, int]:
-    """Word offsets of the counters, fillers and slots tables, and the payload start in bytes."""
+def layout(n_slots: int) -> tuple[int, int, int, int, int]:
+    """Word offsets of the counters, fillers, structures and slots tables; payload start (bytes)."""
     counters = HEADER_WORDS
     fillers = counters + MAX_COUNTERS * 4
-    slots = fillers + MAX_FILLERS * 4
+    structures = fillers + MAX_FILLERS * 4
+    slots = structures + MAX_STRUCTURES * 2
     end = (slots + n_slots * SLOT_WORDS) * 8
-    return counters, fillers, slots, (end + 4095) // 4096 * 4096
+    return counters, fillers, structures, slots, (end + 4095) // 4096 * 4096
 
 
 @dataclass(frozen=True)

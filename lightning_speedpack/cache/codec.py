@@ -1,10 +1,15 @@
 """Turn a dataset sample into one flat byte blob and back, without pickle.
 
-A blob is laid out as::
+A sample is its *structure* -- UTF-8 JSON describing the nesting, the scalars and where each
+array lies -- and its *data*: the array bytes, each starting on a 64-byte boundary. Samples of
+one shape (and equal scalars) share their structure text, offsets being relative to the data.
+A blob comes in two forms:
 
-    [u64 little-endian: length of the structure text]
-    [structure: UTF-8 JSON describing the nesting, the scalars and where each array lies]
-    [padding to 64 bytes] [array bytes, each starting on a 64-byte boundary] ...
+- full (``dumps``, and the arena's fallback): ``[u64 little-endian: length of the structure
+  text] [structure] [padding to 64 bytes] [data]``;
+- data only (the arena's usual form): ``[data]``, the structure being kept once per arena
+  (:mod:`~lightning_speedpack.cache.structures`). For many tiny samples the full form's header
+  was a large share: 64 bytes on 768 of tokens.
 
 Supported leaves: ``torch.Tensor`` (any dtype, CPU, strided), ``numpy.ndarray`` and numpy
 scalars (any non-object dtype, structured dtypes included), ``int``, ``float``, ``bool``,
@@ -80,24 +85,41 @@ def _align(n: int) -> int:
 
 @dataclass
 class EncodedSample:
-    """A sample ready to be written: its structure text and the arrays to place after it.
+    """A sample ready to be written: its structure text and the arrays of its data.
 
     Attributes:
-        header: the length prefix and the JSON structure text.
-        arrays: ``(offset, uint8 array)`` pairs, offsets relative to the blob start (the
-            structure text records them relative to the first 64-byte boundary after it).
-        nbytes: total blob size in bytes.
+        text: the JSON structure text.
+        arrays: ``(offset, uint8 array)`` pairs, offsets relative to the data start.
+        data_nbytes: the data's size in bytes (the data-only form's whole size).
     """
 
-    header: bytes
+    text: bytes
     arrays: list[tuple[int, np.ndarray[Any, Any]]] = field(default_factory=list)
-    nbytes: int = 0
+    data_nbytes: int = 0
 
-    def write_into(self, dest: np.ndarray[Any, Any]) -> None:
-        """Copy the blob into ``dest``, a writable uint8 array of at least ``nbytes``."""
-        dest[: len(self.header)] = np.frombuffer(self.header, dtype=np.uint8)
+    @property
+    def head(self) -> int:
+        """Bytes before the data in the full form: length word, text, padding to 64."""
+        return _align(_LEN.size + len(self.text))
+
+    @property
+    def nbytes(self) -> int:
+        """The full form's size in bytes."""
+        return self.head + self.data_nbytes
+
+    def write_into(self, dest: np.ndarray[Any, Any], *, data_only: bool = False) -> None:
+        """Copy the blob into ``dest``, a writable uint8 array of at least its size.
+
+        ``data_only``: the arrays alone (``data_nbytes``), for a reader that knows the
+        structure; otherwise the full form (``nbytes``).
+        """
+        base = 0
+        if not data_only:
+            header = _LEN.pack(len(self.text)) + self.text
+            dest[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+            base = self.head
         for offset, array in self.arrays:
-            dest[offset : offset + array.size] = array
+            dest[base + offset : base + offset + array.size] = array
 
 
 class _Encoder:
@@ -176,10 +198,7 @@ def encode(sample: Any, index: int | None = None) -> EncodedSample:
     encoder = _Encoder(index, 0)
     structure = encoder.node(sample)
     text = json.dumps(structure, separators=(",", ":")).encode()
-    header = _LEN.pack(len(text)) + text
-    data_start = _align(len(header))
-    arrays = [(data_start + off, raw) for off, raw in encoder.arrays]
-    return EncodedSample(header=header, arrays=arrays, nbytes=data_start + encoder.cursor)
+    return EncodedSample(text, encoder.arrays, encoder.cursor)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -287,7 +306,8 @@ class Decoder:
 
     Attributes:
         one: ``(blob, base) -> sample`` (``base``: where the blob's arrays start).
-        head: bytes from a blob's start to its arrays (length word, text, padding).
+        head: bytes from a blob's start to its arrays (length word, text, padding; 0 for
+            the data-only form).
         leaves: the tensor leaves in structure order, or None when a leaf is of a kind only
             ``one`` decodes (numpy arrays, bytes, empty or ``requires_grad`` tensors).
         build: ``(leaf values in order) -> sample`` (raises when ``leaves`` is None).
@@ -299,13 +319,16 @@ class Decoder:
     build: Callable[[Sequence[Any]], Any]
 
 
-def decoder_of(text: bytes) -> Decoder:
-    """The :class:`Decoder` of one structure text (not memoised: callers keep their own)."""
+def decoder_of(text: bytes, *, data_only: bool = False) -> Decoder:
+    """The :class:`Decoder` of one structure text (not memoised: callers keep their own).
+
+    ``data_only``: for blobs in the data-only form (``head`` 0), else the full form.
+    """
     leaves: list[Leaf] = []
     build = _compile_build(json.loads(text), leaves)
     return Decoder(
         plan_of(text),
-        _align(_LEN.size + len(text)),
+        0 if data_only else _align(_LEN.size + len(text)),
         None if build is None else tuple(leaves),
         _one_at_a_time if build is None else build,
     )

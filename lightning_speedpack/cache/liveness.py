@@ -41,7 +41,9 @@ __all__ = [
 ]
 
 MAGIC = int.from_bytes(b"SPKCACHE", "little")
-VERSION = 3  # 2: liveness by OFD locks, writers named by (row, generation); 3: stream fillers
+# 2: liveness by OFD locks, writers named by (row, generation); 3: stream fillers;
+# 4: structure texts kept once per arena, blobs of data only (issue 38)
+VERSION = 4
 
 USERS = 0
 OWNERS = 1

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lightning_speedpack.cache import arena as _arena
+from lightning_speedpack.cache import structures as _structures
 from lightning_speedpack.cache.arena import MISSING, READY, WRITING, Arena
 from lightning_speedpack.cache.codec import encode
 from tests.helpers.samples import assert_same
@@ -58,7 +59,7 @@ def _claim_and_die(path: str, index: int) -> None:
 
     enc = encode(sample(index), index)
 
-    def write_half(dest: np.ndarray[Any, Any]) -> None:
+    def write_half(dest: np.ndarray[Any, Any], **_: Any) -> None:
         dest[: dest.size // 2] = 0xAB
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -160,7 +161,7 @@ def test_a_copy_that_raises_hands_the_slot_back_at_once(tmp_path: Path) -> None:
     arena = open_arena(tmp_path / "a")
     enc = encode(sample(1), 1)
 
-    def fail(dest: np.ndarray[Any, Any]) -> None:
+    def fail(dest: np.ndarray[Any, Any], **_: Any) -> None:
         raise KeyboardInterrupt
 
     enc.write_into = fail  # type: ignore[method-assign]
@@ -482,7 +483,8 @@ def test_samples_of_a_batch_may_be_modified_without_touching_the_cache(tmp_path:
 def test_past_the_decoder_cap_samples_are_decoded_one_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_arena, "_MAX_DECODERS", 2)
+    monkeypatch.setattr(_structures, "_MAX_PUBLISHED", 0)  # every blob carries its text
+    monkeypatch.setattr(_structures, "_MAX_DECODERS", 2)
     arena = open_arena(tmp_path / "a", n=6)
     for i in range(6):  # six labels: six structure texts, one tensor layout
         arena.put(i, encode((torch.full((2,), i, dtype=torch.int16), i), i))

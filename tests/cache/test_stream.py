@@ -224,7 +224,7 @@ def test_a_later_pass_batched_by_default_collate_reads_views_not_copies(
     copied again, where a ``TensorDataset`` is copied once; its epoch 2 ran 1.34-1.40x the
     ``TensorDataset``'s.
     """
-    import lightning_speedpack.cache.arena as arena_module
+    import lightning_speedpack.cache.structures as arena_module
 
     made: list[int] = []
     real = arena_module.leaf_views
