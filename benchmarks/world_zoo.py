@@ -2,8 +2,9 @@
 
 Each case of ``benchmarks/zoo/world_job.py`` is a 2-rank DDP fit (gloo, CPU, an MLP of about
 1 ms a step, batch 8, 2 epochs) with one cause planted: a slow rank (its data, its step, on
-another node), a slow rank that moves between epochs, uneven ranks, or communication it does not
-need. Each runs unmodified under ``speedpack doctor --json`` in a fresh process (the two-node
+another node), a slow rank that moves between epochs, uneven ranks, communication it does not
+need, or a model whose gradient all-reduce outweighs its compute (``comm-bound``). Each runs
+unmodified under ``speedpack doctor --json`` in a fresh process (the two-node
 case as two ``torchrun`` agents on this host, the doctor as each one's entry). A planted case is
 *recalled* when the expected ``component/id`` is among the warnings and errors, *top-1* when it
 is the first of them in the order the report shows; a straggler case is *named* right when the
@@ -64,6 +65,7 @@ CASES: dict[str, Case] = {
     "big-batch": Case("world/rank-imbalance"),
     "uneven-batches": Case("world/rank-imbalance"),
     "two-nodes": Case("world/straggler", rank=1, node=1, part="data wait", nodes=2),
+    "comm-bound": Case("comm/comm-bound"),
     "clean": Case(None),
     "clean-sync-epoch": Case(None),
 }

@@ -22,6 +22,11 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
   gives rank 0 256 samples and rank 1 320 an epoch (32 and 40 batches of 8); ``max_steps=64``
   ends the fit on both ranks after the same number of steps (DDP needs as many steps on every
   rank), so rank 0 starts its second epoch while rank 1 is still in its first.
+- ``comm-bound``: an embedding table in front of the MLP (524,288 rows of 64: 33.6M
+  parameters, 128 MiB of dense gradients; 16 ids a sample, drawn from the features), for 24
+  steps. Its gradient costs a fill and a scatter, computed last in the backward, so its
+  all-reduce (a bucket of its own) starts when the little compute is over: on both ranks alike,
+  gloo's all-reduce over loopback is most of the step.
 - ``two-nodes``: for ``torchrun --nnodes 2 --nproc-per-node 1`` (``devices=1, num_nodes=2``):
   the rank on node 1 sleeps 4 ms a sample in its dataset.
 
@@ -67,7 +72,12 @@ CASES = (
     "big-batch",
     "uneven-batches",
     "two-nodes",
+    "comm-bound",
 )
+#: ``comm-bound``: its embedding table's rows, ids per sample and steps (a fit of about 10 s).
+VOCAB = 1 << 19
+IDS = 16
+WIDE_STEPS = 24
 
 
 def global_rank() -> int:
@@ -139,6 +149,7 @@ class MLP(LightningModule):
     def __init__(self, case: str) -> None:
         super().__init__()
         self.case = case
+        self.embed = nn.Embedding(VOCAB, DIM) if case == "comm-bound" else None
         self.net = nn.Sequential(
             nn.Linear(DIM, WIDTH),
             nn.ReLU(),
@@ -149,6 +160,9 @@ class MLP(LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
+        if self.embed is not None:  # ids from the features: a lookup of IDS rows per sample
+            ids = (x[:, :IDS].abs() * 1e5).long() % VOCAB
+            x = self.embed(ids).mean(1)
         logits = self.net(x)
         loss = nn.functional.cross_entropy(logits, y)
         if self.case == "slow-step" and self.global_rank == 1:
@@ -223,6 +237,8 @@ def trainer_kwargs(case: str, root: Path) -> dict[str, Any]:
         kwargs["max_epochs"] = EPOCHS + 1
     elif case == "two-nodes":
         kwargs.update(devices=1, num_nodes=2)
+    elif case == "comm-bound":
+        kwargs.update(max_steps=WIDE_STEPS)
     return kwargs
 
 

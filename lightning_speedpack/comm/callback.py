@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from lightning_speedpack.comm import ddp_stats
+from lightning_speedpack.comm.comm_bound import CommBound, comm_bound_finding
 from lightning_speedpack.comm.ddp_stats import DDPSample
 from lightning_speedpack.comm.findings import (
     UnusedParameters,
@@ -23,6 +24,7 @@ from lightning_speedpack.comm.findings import (
     sync_dist_findings,
 )
 from lightning_speedpack.comm.sync_dist import SyncDistRecorder, install, uninstall
+from lightning_speedpack.comm.timing_hook import CommTimer, attach_timer
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
@@ -46,6 +48,19 @@ class CommMonitor(Callback):
       rebuild) is left out. Besides one clock read per batch, the monitor only reads DDP's
       counters, on the batches where a new sample can have landed; it never starts a
       collective and never synchronises with the device.
+      Where that private API is missing or fails, and the model has no communication hook of
+      the user's (none registered on it, no ``DDPStrategy(ddp_comm_hook=...)``), the monitor
+      registers one timing hook instead, just before the first backward: DDP's default
+      all-reduce with a clock around it on the same sampled iterations
+      (:mod:`~lightning_speedpack.comm.timing_hook`; CPU clock on gloo, CUDA events on NCCL,
+      the CUDA path not run here). Never a hook next to DDP's statistics, never a second hook;
+      where none can be added, ``comm_not_measured`` says why. The hook times the buckets only:
+      no ``forward_ms``/``backward_compute_ms``, no ``find-unused-parameters`` then.
+    - **Is the job communication-bound?** Where the backward's wait for the all-reduce is at
+      least 25% of the step, ``comm-bound`` (a warning from 30%) with its share of the wall
+      time and the fixes that apply, best first (:mod:`~lightning_speedpack.comm.comm_bound`).
+      A rank alone cannot tell that wait from a wait for a slower rank: under ``speedpack
+      doctor`` it is judged on the rank that waited least and gives way to a straggler.
     - **Does** ``find_unused_parameters=True`` **find anything?** DDP reports the bytes of
       parameters without a gradient in each sampled iteration. None in any: the
       ``find-unused-parameters`` warning (the search and the extra all-reduce of the used-
@@ -95,6 +110,7 @@ class CommMonitor(Callback):
     ``forward_ms``                DDP's forward (under Lightning: the whole ``training_step``)
     ``comm_samples``              DDP's sampled steady iterations these are means of
     ``step_ms``                   mean wall time of a training batch on this rank
+    ``comm_source``               "DDP's runtime statistics" or "a timing communication hook"
     ``comm_not_measured``         why the comm figures are missing, when they are
     ``sync_dist_ms_per_step``     wall time inside ``self.log(..., sync_dist=True)`` per batch
     ``sync_dist_values_per_step`` values reduced that way per training batch
@@ -139,6 +155,7 @@ class CommMonitor(Callback):
 
     def _reset(self) -> None:
         self._world_size = 1
+        self._rank = 0
         self._samples: list[DDPSample] = []
         self._last_iteration = 0
         self._rate = ddp_stats.DDP_DEFAULT_SAMPLE_RATE
@@ -149,6 +166,11 @@ class CommMonitor(Callback):
         self._find_unused = False
         self._static_graph = False
         self._without_grad: list[str] = []
+        self._timer: CommTimer | None = None  # the timing hook's, where DDP's stats are missing
+        self._timer_pending = False
+        self._settings: dict[str, Any] = {}  # what the comm-bound fixes would change
+        self._fit_start: float | None = None
+        self._fit_s: float | None = None
         self._recorder = SyncDistRecorder()
         # the step clock: intervals between two batch ends of one epoch, validation excluded
         self._last_end: float | None = None
@@ -159,6 +181,8 @@ class CommMonitor(Callback):
         state = self.__dict__.copy()
         state["_ddp"] = None
         state["_module"] = None
+        state["_timer"] = None
+        state.pop("on_before_backward", None)  # the class's (silenced) default again
         return state
 
     # ---- Lightning plumbing --------------------------------------------------------------
@@ -169,7 +193,9 @@ class CommMonitor(Callback):
             return
         self._release()
         self._reset()
+        self._fit_start = perf_counter()
         self._world_size = trainer.world_size
+        self._rank = trainer.global_rank
         if self.watch_sync_dist and self._world_size > 1:
             install(pl_module, self._recorder)
             self._module = pl_module
@@ -185,19 +211,42 @@ class CommMonitor(Callback):
                 "DistributedDataParallel, whose timings this reads"
             )
             return
-        if ddp_stats.logging_data(ddp) is None:
-            self._not_measured = "this torch's DDP has no _get_ddp_logging_data()"
-            return
         self._ddp = ddp
+        data = ddp_stats.logging_data(ddp)
+        self._settings = ddp_stats.settings(ddp, data)
+        if data is None:
+            # DDP's statistics are missing: time the all-reduce with a hook of ours, registered
+            # just before the first backward (after every hook of the user's that could come
+            # first: setup, on_fit_start, on_train_start, the first on_train_batch_start).
+            # Lightning calls the instance's on_before_backward (its default is silenced).
+            self.on_before_backward = self._attach_timer  # type: ignore[method-assign,assignment]
+            self._timer_pending = True
         if getattr(pl_module, "automatic_optimization", True):
             # Lightning runs the other batches of an accumulation window under DDP's no_sync.
             self._per_iteration = max(1, int(getattr(trainer, "accumulate_grad_batches", 1)))
         self._find_unused = bool(getattr(ddp, "find_unused_parameters", False))
         self._static_graph = bool(getattr(ddp, "static_graph", False))
-        if self.ddp_sample_rate is not None and ddp_stats.set_sample_rate(
-            ddp, self.ddp_sample_rate
-        ):
-            self._rate, self._rate_set = self.ddp_sample_rate, True
+        rate = self.ddp_sample_rate
+        if data is not None and rate is not None and ddp_stats.set_sample_rate(ddp, rate):
+            self._rate, self._rate_set = rate, True
+
+    def _attach_timer(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        """The first ``on_before_backward`` where DDP's stats are missing: the timing hook."""
+        self.on_before_backward = None  # type: ignore[method-assign,assignment]
+        self._timer_pending = False
+        if self._ddp is None:
+            return
+        rate = self.ddp_sample_rate or ddp_stats.DDP_DEFAULT_SAMPLE_RATE
+        strategy_hook = getattr(trainer.strategy, "_ddp_comm_hook", None)
+        self._timer, why = attach_timer(self._ddp, rate, strategy_hook)
+        if self._timer is None:
+            self._not_measured = (
+                "DDP's runtime statistics are unavailable (`_get_ddp_logging_data()` is missing "
+                f"or failed in this torch) and {why}"
+            )
+        else:
+            self._rate = rate
+            self._settings["source"] = "a timing communication hook"
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -241,6 +290,7 @@ class CommMonitor(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._recorder.pause()
+        self._fit_s = None if self._fit_start is None else perf_counter() - self._fit_start
         if self._ddp is None:
             return
         self._read()  # the last sample, wherever the schedule left it
@@ -263,6 +313,12 @@ class CommMonitor(Callback):
             self._release()
 
     def _read(self) -> None:
+        if self._timer is not None:
+            self._timer.collect()
+            self._samples = self._timer.samples
+            return
+        if self._timer_pending:
+            return  # DDP's stats are missing; the timing hook comes at the first backward
         data = ddp_stats.logging_data(self._ddp)
         sample = None if data is None else ddp_stats.read_sample(data)
         if sample is not None and sample.iteration != self._last_iteration:
@@ -271,6 +327,14 @@ class CommMonitor(Callback):
 
     def _release(self) -> None:
         """Give back what the fit borrowed: DDP's sample rate, the module's log methods."""
+        if self._timer_pending:
+            self.on_before_backward = None  # type: ignore[method-assign,assignment]
+            self._timer_pending = False
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.collect()
+            self._samples = timer.samples
+            timer.active = False  # DDP cannot take a hook off: from now on it only all-reduces
         ddp, self._ddp = self._ddp, None
         if ddp is not None and self._rate_set:
             ddp_stats.set_sample_rate(ddp, ddp_stats.DDP_DEFAULT_SAMPLE_RATE)
@@ -300,6 +364,7 @@ class CommMonitor(Callback):
             # DDP reduces once per iteration: with gradient accumulation, once in k batches.
             per_iteration_ms = None if step_ms is None else step_ms * self._per_iteration
             figures.update(comm.as_dict(per_iteration_ms))
+            figures["comm_source"] = self._settings.get("source", "DDP's runtime statistics")
         else:
             figures["comm_not_measured"] = self._not_measured or (
                 "DDP sampled no iteration after its first (the fit ran "
@@ -314,7 +379,7 @@ class CommMonitor(Callback):
         return figures
 
     def doctor_findings(self) -> list[Finding]:
-        """``sync-dist-every-step`` per line, and ``find-unused-parameters`` (see the class)."""
+        """``sync-dist-every-step`` per line, ``find-unused-parameters``, ``comm-bound``."""
         comm = ddp_stats.summarize(self._samples)
         unused = UnusedParameters(
             find_unused_parameters=self._find_unused,
@@ -327,9 +392,31 @@ class CommMonitor(Callback):
         )
         recorder = self._recorder
         sites = list(recorder.sites.values())
-        return sync_dist_findings(
-            sites, recorder.steps, self.step_ms, self._world_size
-        ) + find_unused_findings(unused)
+        found = sync_dist_findings(sites, recorder.steps, self.step_ms, self._world_size)
+        found += find_unused_findings(unused)
+        bound = self._comm_bound(comm)
+        return found if bound is None else [*found, bound]
+
+    def _comm_bound(self, comm: ddp_stats.CommFigures | None) -> Finding | None:
+        step_ms = self.step_ms
+        if comm is None or not step_ms:
+            return None
+        per_iteration_ms = step_ms * self._per_iteration
+        return comm_bound_finding(
+            CommBound(
+                comm_wait_fraction=comm.comm_wait_ms / per_iteration_ms,
+                comm_wait_ms=comm.comm_wait_ms,
+                comm_ms_per_step=comm.comm_ms_per_step,
+                overlap_fraction=comm.overlap_fraction,
+                step_ms=per_iteration_ms,
+                world_size=self._world_size,
+                rank=self._rank,
+                iterations=self._batches // self._per_iteration,
+                fit_s=self._fit_s,
+                accumulate_grad_batches=self._per_iteration,
+                **self._settings,
+            )
+        )
 
 
 register_diagnostic("comm", CommMonitor, factory=lambda ctx: CommMonitor(), order=30)

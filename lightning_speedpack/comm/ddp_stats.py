@@ -40,6 +40,7 @@ __all__ = [
     "read_due",
     "read_sample",
     "set_sample_rate",
+    "settings",
     "summarize",
 ]
 
@@ -67,8 +68,10 @@ class DDPSample:
     """
 
     iteration: int
-    forward_ns: int
-    backward_compute_ns: int
+    #: None where the iteration was timed by the timing comm hook, which sees the buckets only
+    #: (:mod:`~lightning_speedpack.comm.timing_hook`)
+    forward_ns: int | None
+    backward_compute_ns: int | None
     comm_ns: int
     overlap_ns: int
     #: bytes of the parameters that got no gradient in this iteration (None: DDP did not look,
@@ -86,8 +89,8 @@ class CommFigures:
     """Per-rank means over the sampled steady iterations (milliseconds and fractions)."""
 
     samples: int
-    forward_ms: float
-    backward_compute_ms: float
+    forward_ms: float | None  # None: not measured (the timing comm hook's samples)
+    backward_compute_ms: float | None
     comm_ms_per_step: float
     comm_wait_ms: float
     #: the overlapped part of the communication over all of it (1.0: fully hidden)
@@ -101,14 +104,20 @@ class CommFigures:
             >>> f.as_dict(step_ms=2.0)["comm_wait_fraction"]
             0.2
         """
-        out: dict[str, float | int] = {
-            "comm_samples": self.samples,
-            "forward_ms": round(self.forward_ms, 4),
-            "backward_compute_ms": round(self.backward_compute_ms, 4),
-            "comm_ms_per_step": round(self.comm_ms_per_step, 4),
-            "comm_wait_ms": round(self.comm_wait_ms, 4),
-            "overlap_fraction": round(self.overlap_fraction, 4),
-        }
+        out: dict[str, float | int] = {"comm_samples": self.samples}
+        for key, value in (
+            ("forward_ms", self.forward_ms),
+            ("backward_compute_ms", self.backward_compute_ms),
+        ):
+            if value is not None:
+                out[key] = round(value, 4)
+        out.update(
+            {
+                "comm_ms_per_step": round(self.comm_ms_per_step, 4),
+                "comm_wait_ms": round(self.comm_wait_ms, 4),
+                "overlap_fraction": round(self.overlap_fraction, 4),
+            }
+        )
         if step_ms is not None and step_ms > 0:
             out["comm_wait_fraction"] = round(self.comm_wait_ms / step_ms, 4)
         return out
@@ -140,6 +149,45 @@ def logging_data(ddp: Any) -> dict[str, Any] | None:
     except (RuntimeError, AttributeError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def settings(ddp: Any, data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the fit's DDP runs with, for the ``comm-bound`` fixes (read once, at train start).
+
+    The gradients' bytes and the largest one's, whether they are fp32, the bucket settings,
+    ``static_graph``, the device, and the user's communication hook (DDP's logging data names
+    it when available, else ``ddp._comm_hooks``).
+
+    Example:
+        >>> import torch
+        >>> class Stub(torch.nn.Module):  # DDP's attributes on a plain module
+        ...     gradient_as_bucket_view, bucket_bytes_cap, static_graph = False, 26214400, False
+        ...     _comm_hooks = []
+        ...     def __init__(self):
+        ...         super().__init__(); self.module = torch.nn.Linear(256, 256)
+        >>> s = settings(Stub(), None)
+        >>> s["gradient_bytes"], s["largest_gradient_bytes"], s["bucket_cap_mb"], s["comm_hook"]
+        (263168, 262144, 25.0, None)
+    """
+    import torch
+
+    params = [p for p in getattr(ddp, "module", ddp).parameters() if p.requires_grad]
+    sizes = [p.numel() * p.element_size() for p in params]
+    hook = (data or {}).get("comm_hook") or None
+    listed = getattr(ddp, "_comm_hooks", None) or []
+    if hook is None and listed:
+        hook = getattr(listed[0][0], "__qualname__", None) or str(listed[0][0])
+    cap = getattr(ddp, "bucket_bytes_cap", None)
+    return {
+        "gradient_bytes": sum(sizes),
+        "largest_gradient_bytes": max(sizes, default=0),
+        "fp32_gradients": any(p.dtype == torch.float32 for p in params),
+        "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False)),
+        "bucket_cap_mb": None if not isinstance(cap, int) else cap / (1 << 20),
+        "static_graph": bool(getattr(ddp, "static_graph", False)),
+        "cuda": any(p.device.type == "cuda" for p in params[:1]),
+        "comm_hook": None if hook is None else str(hook),
+    }
 
 
 def set_sample_rate(ddp: Any, rate: int) -> bool:
@@ -250,9 +298,14 @@ def summarize(samples: Sequence[DDPSample]) -> CommFigures | None:
     wait = sum(s.wait_ns for s in kept)
     return CommFigures(
         samples=n,
-        forward_ms=sum(s.forward_ns for s in kept) / n / _NS_PER_MS,
-        backward_compute_ms=sum(s.backward_compute_ns for s in kept) / n / _NS_PER_MS,
+        forward_ms=_mean_ms([s.forward_ns for s in kept]),
+        backward_compute_ms=_mean_ms([s.backward_compute_ns for s in kept]),
         comm_ms_per_step=comm / n / _NS_PER_MS,
         comm_wait_ms=wait / n / _NS_PER_MS,
         overlap_fraction=(comm - wait) / comm if comm > 0 else 1.0,
     )
+
+
+def _mean_ms(values: Sequence[int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) / _NS_PER_MS if known else None

@@ -14,6 +14,7 @@ from lightning_speedpack.core.findings import Finding, Severity
 
 __all__ = [
     "COMPONENT",
+    "comm_bound_in_world",
     "imbalance_finding",
     "missing_finding",
     "straggler_finding",
@@ -249,3 +250,60 @@ def world_findings(world: Mapping[str, Any]) -> list[Finding]:
     if missing:
         out.append(missing_finding(missing, int(world.get("world_size") or 0)))
     return out
+
+
+def comm_bound_in_world(finding: Finding, world: Mapping[str, Any]) -> Finding | None:
+    """Rank 0's ``comm/comm-bound`` judged on every rank: on the one that waited least, or None.
+
+    A rank's wait after its last gradient is the all-reduce itself plus any wait for a slower
+    rank; the rank that waited least waited for nobody (as ``wait_ms`` in the world rows
+    counts it). The job is communication-bound only where that rank's wait passes the finding's
+    own thresholds (``figures["info_share"]``/``["warning_share"]``); with a straggler the wait
+    is its (one cause, one first warning): kept, as an info, only where the least-waiting rank
+    passes the warning share on its own. Unchanged where some rank has no ``comm_wait_fraction``.
+
+    Example:
+        >>> f = Finding("comm", "comm-bound", "communication-bound: ...", severity="warning",
+        ...             figures={"comm_wait_fraction": 0.8, "wall_fraction": 0.7,
+        ...                      "warning_share": 0.3, "info_share": 0.25})
+        >>> rows = [{"rank": 0, "comm_wait_fraction": 0.8}, {"rank": 1, "comm_wait_fraction": 0.02}]
+        >>> comm_bound_in_world(f, {"ranks": rows}) is None  # rank 0 waited for rank 1
+        True
+        >>> rows[1]["comm_wait_fraction"] = 0.4
+        >>> g = comm_bound_in_world(f, {"ranks": rows})
+        >>> g.severity, g.figures["comm_wait_fraction"], g.message[:39]
+        ('warning', 0.4, 'on every rank (rank 0: 80%, rank 1: 40%')
+    """
+    rows = [r for r in world.get("ranks") or [] if "rank" in r]
+    shares = {int(r["rank"]): r.get("comm_wait_fraction") for r in rows}
+    if len(shares) < 2 or not all(isinstance(v, (int, float)) for v in shares.values()):
+        return finding
+    least = min(shares, key=lambda r: float(shares[r]))
+    low = float(shares[least])
+    warning = float(finding.figures.get("warning_share") or 1.0)
+    info = float(finding.figures.get("info_share") or warning)
+    straggler = world.get("straggler")
+    if low < (warning if straggler else info):
+        return None
+    severity: Severity = "warning" if low >= warning and not straggler else "info"
+    listed = ", ".join(f"rank {r}: {float(v):.0%}" for r, v in sorted(shares.items()))
+    own = float(finding.figures.get("comm_wait_fraction") or 0.0)
+    wall = finding.figures.get("wall_fraction")
+    scaled = None if not isinstance(wall, (int, float)) or own <= 0 else wall * min(1.0, low / own)
+    besides = f"; besides rank {straggler['rank']}, the straggler" if straggler else ""
+    return Finding(
+        finding.component,
+        finding.id,
+        f"on every rank ({listed} of the step waiting for the gradient all-reduce; rank "
+        f"{least}, which waited least, waited for nobody{besides}): {finding.message}",
+        location=finding.location,
+        figures={
+            **finding.figures,
+            "comm_wait_fraction": round(low, 4),
+            "wall_fraction": None if scaled is None else round(scaled, 4),
+            "comm_wait_fraction_by_rank": {str(r): v for r, v in sorted(shares.items())},
+            "least_waiting_rank": least,
+        },
+        severity=severity,
+        fix=finding.fix,
+    )

@@ -10,6 +10,8 @@ long ``backward`` (rank 0 waits in the gradient all-reduce). Given ``figures["wo
 - the data verdict is the slowest rank's (the straggler's when there is one): the world is
   data-bound when the slowest rank is;
 - ``cpu-threads`` is judged on every rank: it is reported when any rank has it, naming them;
+- ``comm-bound`` is judged on the rank that waited least, and gives way to a straggler
+  (:func:`~lightning_speedpack.world.findings.comm_bound_in_world`);
 - ``find-unused-parameters`` as a warning ("none unused", from rank 0's reducer) stands only when
   no other rank found unused parameters: DDP needs the search when any rank has them.
 
@@ -25,7 +27,11 @@ from dataclasses import replace
 from typing import Any
 
 from lightning_speedpack.core.findings import Finding, Severity
-from lightning_speedpack.world.findings import straggler_severity, world_findings
+from lightning_speedpack.world.findings import (
+    comm_bound_in_world,
+    straggler_severity,
+    world_findings,
+)
 
 __all__ = ["judged_rank", "revise_figures", "revise_findings"]
 
@@ -100,6 +106,9 @@ backward's gradient all-reduce), other 7%, backward 1%"
             out.append(_on_ranks(finding, by_rank))
         elif finding.id == "find-unused-parameters" and finding.severity == "warning":
             out.append(_unused_elsewhere(finding, by_rank))
+        elif finding.id == "comm-bound":
+            judged_on_all = comm_bound_in_world(finding, world)  # None: a wait for a straggler
+            out.extend([] if judged_on_all is None else [judged_on_all])
         else:
             out.append(finding)
     have = {f.id for f in out}
