@@ -13,7 +13,9 @@ slot it sees ``READY``, and a ``READY`` slot never changes again, so a reader ne
 sample; the lock's system calls order the writer's payload stores before its flag store. A
 map-style cache has one slot per dataset index (:meth:`Arena.put`); a stream cache appends to
 the next free slot (:meth:`Arena.append`) and keeps, per shard of the stream, how far it is
-stored and whether it is done, so the cache knows when the first pass is complete.
+stored and whether it is done, so the cache knows when the first pass is complete. A sample's
+structure text is published once per arena, under the same lock, before the first slot naming
+it (:mod:`~lightning_speedpack.cache.structures`); the slot then holds its array bytes only.
 
 Liveness (see :mod:`~lightning_speedpack.cache.liveness`) never trusts a pid: every process
 that maps the file holds a shared lock on its "users" byte, owners one on its "owners" byte,
@@ -297,7 +299,8 @@ class Arena(StreamFill, Structures):
           nothing copied -- only for a caller that copies them before anyone can see them
           (a write into a view would change the cache for every process).
 
-        ``"together"`` and ``"views"`` keep a 2-byte decoder number per slot in this process.
+        ``"together"`` and ``"views"`` keep a 2-byte decoder number per slot in this process
+        for the slots whose blob carries its own structure text (past ``MAX_STRUCTURES``).
         """
         if how == "each":
             return self._get_each(indices, n)
