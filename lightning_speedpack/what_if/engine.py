@@ -12,7 +12,11 @@ alike. The budget, the rounds and the state they share live in
 
 from __future__ import annotations
 
-from lightning_speedpack.what_if.fit_gain import project_fit, side_rates
+import statistics
+
+import torch
+
+from lightning_speedpack.what_if.fit_gain import Machine, project_fit, side_rates
 from lightning_speedpack.what_if.loader_side import LoaderSide
 from lightning_speedpack.what_if.measure import Measurement
 from lightning_speedpack.what_if.model_side import ModelSide
@@ -58,9 +62,11 @@ class Trials(LoaderSide, ModelSide):
         """Each knob's gain as the fit will see it: its side's trial with the other side's pace.
 
         The pace a side's knobs did not measure is measured here, once: the model's step
-        (``steps`` steps on the trials' batch) for the loader knobs, the loader's first batches
-        for the model knobs. A pace that cannot be measured (a step that fails, a library
-        stream) leaves that side's gains the trial's own, with a note.
+        (``steps`` steps on the trials' batch, a few seconds at most, even past the budget:
+        without it a loader knob's gain is a promise the fit may not keep) for the loader
+        knobs, the loader's first batches (within the budget) for the model knobs. A pace
+        that cannot be measured (a step that fails, a library stream, no budget left) leaves
+        that side's gains the trial's own, with a note.
         """
         sides = {m.side for m in found if m.status is None and m.before}
         if "loader" in sides and self.model_step_s is None and self.batch is not None:
@@ -72,12 +78,19 @@ class Trials(LoaderSide, ModelSide):
             "model" in sides
             and self.loader_batch_s is None
             and self._loader_reason(self.loader) is None
+            and self._left()
         ):
             self._loader_batches()
         loader, model = side_rates(found, self.paces)
         workers = int(getattr(self.loader, "num_workers", 0) or 0)
-        accelerator = self.trainer.strategy.root_device.type != "cpu"
-        project_fit(found, loader, model, workers, accelerator)
+        shares = self.loader_cpu_shares
+        machine = Machine(
+            accelerator=self.trainer.strategy.root_device.type != "cpu",
+            cpu_share=statistics.median(shares) if shares else None,
+            cores=self.plan.cores,
+            step_threads=torch.get_num_threads(),
+        )
+        project_fit(found, loader, model, workers, machine)
         for m in found:
             if m.status is None and m.before and not m.projected:
                 other = "model's step" if m.side == "loader" else "loader"

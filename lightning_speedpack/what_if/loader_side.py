@@ -10,6 +10,7 @@ loader pass also draws the batch the model side runs on.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,7 +97,11 @@ class LoaderSide(TrialBase):
             # Two timed batches tell the pace (a slow loader's ten would spend the budget), or
             # one round of today's workers: part of a round reads too fast (whole_cycles).
             with lt.variant(self.loader) as side:
+                wall, cpu = time.perf_counter(), time.process_time()
                 result = loader_ceiling(side, batches=lt.whole_cycles(2, side.num_workers))
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                if not side.num_workers and wall > 0:
+                    self.loader_cpu_shares.append(min(1.0, cpu / wall))
             self.batch = result.batch
             per_batch = result.seconds / result.batches if result.batches else 0.0
             self.loader_batch_s = per_batch or None
@@ -112,7 +117,7 @@ class LoaderSide(TrialBase):
         for r in self._rounds():
             for i in [(r + j) % n for j in range(n)]:  # the order rotates every round
                 with lt.variant(self.loader, **variants[i]) as side:
-                    value, batch = lt.rate(side, batches=batches)
+                    value, batch = lt.rate(side, batches=batches, shares=self.loader_cpu_shares)
                 if value is not None:
                     rates[i].append(value)
                 if batch is not None and i == 0:

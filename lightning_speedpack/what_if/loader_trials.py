@@ -137,17 +137,25 @@ def whole_cycles(batches: int, workers: int) -> int:
     return -(-batches // workers) * workers
 
 
-def rate(loader: DataLoader[Any], batches: int) -> tuple[float | None, Any]:
+def rate(
+    loader: DataLoader[Any], batches: int, shares: list[float] | None = None
+) -> tuple[float | None, Any]:
     """The loader ceiling of ``loader`` (samples/s) and the last batch it drew.
 
     The warm-up is every batch the workers prefetch, plus one; a loader too short to time
     :data:`MIN_TIMED_BATCHES` after it gives no rate (None), rather than the rate of batches
     that were ready before the clock started. With workers, whole rounds of them are timed
-    (:func:`whole_cycles`).
+    (:func:`whole_cycles`). Without workers, ``shares`` (when given) gets the pass's CPU
+    share: CPU seconds over wall seconds (a loader that sleeps or waits on I/O: near 0; one
+    that computes: near 1).
     """
     warmup = loader.num_workers * (loader.prefetch_factor or 2) + 1 if loader.num_workers else 1
     batches = whole_cycles(batches, loader.num_workers)
+    wall, cpu = time.perf_counter(), time.process_time()
     result = loader_ceiling(loader, batches=batches, warmup=warmup)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if shares is not None and not loader.num_workers and wall > 0:
+        shares.append(min(1.0, cpu / wall))
     if result.batches < min(MIN_TIMED_BATCHES, batches):
         return None, result.batch
     return result.samples_per_sec, result.batch

@@ -86,6 +86,7 @@ class TrialBase:
         self.cut_short = False  # a knob ran fewer rounds than planned (the budget ran out)
         self.loader_batch_s: float | None = None  # today's loader: seconds per batch
         self.model_step_s: float | None = None  # today's model: seconds per step
+        self.loader_cpu_shares: list[float] = []  # CPU share of the passes without workers
         self.settings: dict[str, Any] = {}  # the loader winners so far (for later loader knobs)
         self.today_settings: dict[str, Any] = {}
 
