@@ -105,8 +105,10 @@ def _fixes(state: CommBound) -> tuple[list[str], list[str]]:
     if state.overlap_fraction < LOW_OVERLAP:
         largest = state.largest_gradient_bytes
         alone = (
-            f"; the largest gradient ({_mib(largest)}) is a bucket of its own whatever the "
-            "cap, computed last in the backward if it is the first layer (an embedding)"
+            f"; but the largest gradient ({_mib(largest)}) is over any cap: its bucket waits "
+            "for it, and if its layer comes first in the forward (an embedding) it is computed "
+            "last, so its all-reduce cannot overlap: accumulation, compression, or a sparse "
+            "or sharded embedding then"
             if largest is not None and largest > cap * _MIB
             else ""
         )

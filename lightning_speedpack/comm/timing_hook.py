@@ -27,6 +27,12 @@ Never two hooks: nothing is registered where the model has one (``ddp._comm_hook
 ``register_comm_hook`` keeps), where Lightning's ``DDPStrategy(ddp_comm_hook=...)`` is set,
 where torch does not say (no ``_comm_hooks``), or where the reducer refuses a second one (a
 built-in hook, which ``_comm_hooks`` does not list). The hook adds no collective and no sync.
+
+Its cost, the price of a Python hook over DDP's C++ one (a Python call and a future callback a
+bucket, every iteration): on a world-size-1 gloo DDP of the zoo's MLP, 1.22 ms a step with DDP's
+all-reduce against 1.34 ms with this hook (1.095x, medians of 6 alternating runs of 300 steps,
+load average 4.4 on 2 cores); on the zoo's 128 MiB embedding job, within the noise. Only where
+DDP's statistics are missing.
 """
 
 from __future__ import annotations
