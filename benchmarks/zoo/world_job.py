@@ -23,7 +23,7 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
   ends the fit on both ranks after the same number of steps (DDP needs as many steps on every
   rank), so rank 0 starts its second epoch while rank 1 is still in its first.
 - ``comm-bound``: an embedding table in front of the MLP (524,288 rows of 64: 33.6M
-  parameters, 128 MiB of dense gradients; 16 ids a sample, drawn from the features), for 24
+  parameters, 128 MiB of dense gradients; 16 ids a sample, drawn from the features), for 16
   steps. Its gradient costs a fill and a scatter, computed last in the backward, so its
   all-reduce (a bucket of its own) starts when the little compute is over: on both ranks alike,
   gloo's all-reduce over loopback is most of the step.
@@ -77,7 +77,7 @@ CASES = (
 #: ``comm-bound``: its embedding table's rows, ids per sample and steps (a fit of about 10 s).
 VOCAB = 1 << 19
 IDS = 16
-WIDE_STEPS = 24
+WIDE_STEPS = 16
 
 
 def global_rank() -> int:

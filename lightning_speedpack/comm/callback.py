@@ -56,11 +56,13 @@ class CommMonitor(Callback):
       the CUDA path not run here). Never a hook next to DDP's statistics, never a second hook;
       where none can be added, ``comm_not_measured`` says why. The hook times the buckets only:
       no ``forward_ms``/``backward_compute_ms``, no ``find-unused-parameters`` then.
-    - **Is the job communication-bound?** Where the backward's wait for the all-reduce is at
-      least 25% of the step, ``comm-bound`` (a warning from 30%) with its share of the wall
-      time and the fixes that apply, best first (:mod:`~lightning_speedpack.comm.comm_bound`).
-      A rank alone cannot tell that wait from a wait for a slower rank: under ``speedpack
-      doctor`` it is judged on the rank that waited least and gives way to a straggler.
+    - **Is the job communication-bound?** Where the backward's wait for the all-reduce, in
+      the sampled step where it was least (this rank came last to the all-reduce and waited for
+      no other), is at least 15% of the step, ``comm-bound`` (a warning from 25%) with its share
+      of the wall time and the fixes that apply, best first
+      (:mod:`~lightning_speedpack.comm.comm_bound`). A rank alone cannot tell a slower rank that
+      is always last from a slow all-reduce: under ``speedpack doctor`` the finding is judged on
+      the rank that waited least and gives way to a straggler.
     - **Does** ``find_unused_parameters=True`` **find anything?** DDP reports the bytes of
       parameters without a gradient in each sampled iteration. None in any: the
       ``find-unused-parameters`` warning (the search and the extra all-reduce of the used-
@@ -101,6 +103,12 @@ class CommMonitor(Callback):
     Figure (``doctor_figures``)   Meaning
     ============================  ==============================================================
     ``comm_wait_fraction``        the backward's wait for the gradient all-reduce / step time
+    ``comm_wait_least_fraction``  the least sampled iteration's wait / step time: the
+                                  all-reduce itself, when this rank reached it last (what
+                                  ``comm-bound`` judges: a wait for another rank is not in it)
+    ``comm_wait_least_ms``        that least wait
+    ``comm_wait_median_fraction`` the median sampled iteration's wait / step time
+    ``comm_wait_median_ms``       that median wait
     ``comm_wait_ms``              that wait per DDP iteration (comm not overlapped with the
                                   backward compute)
     ``comm_ms_per_step``          DDP's comm time per iteration: the first bucket's launch to
@@ -402,10 +410,14 @@ class CommMonitor(Callback):
         if comm is None or not step_ms:
             return None
         per_iteration_ms = step_ms * self._per_iteration
+        least = comm.comm_wait_ms if comm.comm_wait_least_ms is None else comm.comm_wait_least_ms
         return comm_bound_finding(
             CommBound(
-                comm_wait_fraction=comm.comm_wait_ms / per_iteration_ms,
-                comm_wait_ms=comm.comm_wait_ms,
+                comm_wait_fraction=least / per_iteration_ms,
+                comm_wait_ms=least,
+                typical_wait_ms=comm.comm_wait_median_ms,
+                mean_wait_ms=comm.comm_wait_ms,
+                samples=comm.samples,
                 comm_ms_per_step=comm.comm_ms_per_step,
                 overlap_fraction=comm.overlap_fraction,
                 step_ms=per_iteration_ms,

@@ -26,6 +26,7 @@ turn the logger's dict into a :class:`DDPSample`, and summarise the samples into
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,6 +96,13 @@ class CommFigures:
     comm_wait_ms: float
     #: the overlapped part of the communication over all of it (1.0: fully hidden)
     overlap_fraction: float
+    #: the median of the sampled iterations' waits: the typical one, which a few iterations of
+    #: a rank descheduled (a busy host) or a hiccup do not move as they move the mean
+    comm_wait_median_ms: float | None = None
+    #: the least of them: an iteration where this rank reached the all-reduce last and waited
+    #: for nobody, only for the all-reduce itself (with 2 ranks of jittery step times, about
+    #: every other iteration; the others add the wait for the slower rank of the moment)
+    comm_wait_least_ms: float | None = None
 
     def as_dict(self, step_ms: float | None) -> dict[str, float | int]:
         """The figures for ``doctor_figures()``; ``comm_wait_fraction`` needs the step time.
@@ -118,8 +126,15 @@ class CommFigures:
                 "overlap_fraction": round(self.overlap_fraction, 4),
             }
         )
+        spread = {"median": self.comm_wait_median_ms, "least": self.comm_wait_least_ms}
+        for name, value in spread.items():
+            if value is not None:
+                out[f"comm_wait_{name}_ms"] = round(value, 4)
         if step_ms is not None and step_ms > 0:
             out["comm_wait_fraction"] = round(self.comm_wait_ms / step_ms, 4)
+            for name, value in spread.items():
+                if value is not None:
+                    out[f"comm_wait_{name}_fraction"] = round(value / step_ms, 4)
         return out
 
 
@@ -302,6 +317,8 @@ def summarize(samples: Sequence[DDPSample]) -> CommFigures | None:
         backward_compute_ms=_mean_ms([s.backward_compute_ns for s in kept]),
         comm_ms_per_step=comm / n / _NS_PER_MS,
         comm_wait_ms=wait / n / _NS_PER_MS,
+        comm_wait_median_ms=statistics.median(s.wait_ns for s in kept) / _NS_PER_MS,
+        comm_wait_least_ms=min(s.wait_ns for s in kept) / _NS_PER_MS,
         overlap_fraction=(comm - wait) / comm if comm > 0 else 1.0,
     )
 

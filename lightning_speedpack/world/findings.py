@@ -260,7 +260,8 @@ def comm_bound_in_world(finding: Finding, world: Mapping[str, Any]) -> Finding |
     counts it). The job is communication-bound only where that rank's wait passes the finding's
     own thresholds (``figures["info_share"]``/``["warning_share"]``); with a straggler the wait
     is its (one cause, one first warning): kept, as an info, only where the least-waiting rank
-    passes the warning share on its own. Unchanged where some rank has no ``comm_wait_fraction``.
+    passes the warning share on its own. The share is ``comm_wait_least_fraction`` (the least
+    sampled iteration's), else ``comm_wait_fraction``; unchanged where some rank has neither.
 
     Example:
         >>> f = Finding("comm", "comm-bound", "communication-bound: ...", severity="warning",
@@ -275,7 +276,10 @@ def comm_bound_in_world(finding: Finding, world: Mapping[str, Any]) -> Finding |
         ('warning', 0.4, 'on every rank (rank 0: 80%, rank 1: 40%')
     """
     rows = [r for r in world.get("ranks") or [] if "rank" in r]
-    shares = {int(r["rank"]): r.get("comm_wait_fraction") for r in rows}
+    # the statistic the finding judged (the least sampled iteration's wait), else the mean's
+    least_key = "comm_wait_least_fraction"
+    key = least_key if all(least_key in r for r in rows) else "comm_wait_fraction"
+    shares = {int(r["rank"]): r.get(key) for r in rows}
     if len(shares) < 2 or not all(isinstance(v, (int, float)) for v in shares.values()):
         return finding
     least = min(shares, key=lambda r: float(shares[r]))

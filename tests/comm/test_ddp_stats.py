@@ -117,6 +117,8 @@ def test_summary_leaves_out_the_warm_up_iteration_and_averages_the_rest() -> Non
         comm_ms_per_step=3.0,
         comm_wait_ms=1.5,  # (1 ms + 2 ms) / 2
         overlap_fraction=0.5,  # 3 ms of 6 ms hidden
+        comm_wait_median_ms=1.5,
+        comm_wait_least_ms=1.0,
     )
     assert figures.as_dict(step_ms=10.0) == {
         "comm_samples": 2,
@@ -126,6 +128,10 @@ def test_summary_leaves_out_the_warm_up_iteration_and_averages_the_rest() -> Non
         "comm_wait_ms": 1.5,
         "overlap_fraction": 0.5,
         "comm_wait_fraction": 0.15,
+        "comm_wait_median_ms": 1.5,
+        "comm_wait_least_ms": 1.0,
+        "comm_wait_median_fraction": 0.15,
+        "comm_wait_least_fraction": 0.1,
     }
     assert "comm_wait_fraction" not in figures.as_dict(step_ms=None)
     assert summarize([warmup]) is None
@@ -178,3 +184,19 @@ def test_only_a_distributed_data_parallel_wrapper_is_found() -> None:
 def test_every_due_read_after_the_first_ten_is_a_multiple_of_the_rate(rate: int) -> None:
     due = [n - 1 for n in range(12, 1000) if read_due(n, rate)]
     assert due == [i for i in range(11, 999) if i % rate == 0]
+
+
+def test_the_median_and_least_waits_are_not_moved_by_a_few_slow_iterations() -> None:
+    # iterations waiting 1-2 ms for the all-reduce, one where the other rank was late: 31 ms
+    waits = [2, 1, 2, 2, 31]
+    samples = [DDPSample(i, 0, 0, w * 1_000_000, 0) for i, w in enumerate(waits, start=2)]
+    figures = summarize(samples)
+    assert figures is not None
+    assert (figures.comm_wait_ms, figures.comm_wait_median_ms, figures.comm_wait_least_ms) == (
+        7.6,
+        2.0,
+        1.0,
+    )
+    shown = figures.as_dict(step_ms=10.0)
+    assert shown["comm_wait_fraction"] == 0.76
+    assert (shown["comm_wait_median_fraction"], shown["comm_wait_least_fraction"]) == (0.2, 0.1)

@@ -87,6 +87,7 @@ def test_without_ddp_statistics_a_timing_hook_measures_the_all_reduce(tmp_path: 
         assert figures["comm_ms_per_step"] > 0
         assert 0 <= figures["comm_wait_ms"] <= figures["comm_ms_per_step"]
         assert 0 <= figures["comm_wait_fraction"] < 1
+        assert 0 <= figures["comm_wait_least_ms"] <= figures["comm_wait_median_ms"]
         assert "forward_ms" not in figures  # the hook sees the buckets only
         assert "backward_compute_ms" not in figures
 
