@@ -24,6 +24,7 @@ from typing_extensions import override
 
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hooks import overrides
 from lightning_speedpack.core.lightning import Callback, classes
 from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
@@ -300,7 +301,7 @@ class WallTimeLedger(Callback):
             callback = self._callbacks.get(target)
             if callback is None:  # added after setup: its state key starts with its class name
                 return _key_from_state(target), hook
-            if not _overrides(callback, hook):
+            if not overrides(type(callback), hook):
                 return None  # Lightning's empty default: a bracket would only cost time
             return _callback_key(callback), hook
         if kind == "[Strategy" and hook == _TRANSFER[1:]:
@@ -486,12 +487,6 @@ def _callback_key(callback: Any) -> str:
     if isinstance(callback, classes("callbacks.ProgressBar")):
         return "logging"
     return CALLBACK_PREFIX + type(callback).__name__
-
-
-def _overrides(callback: Any, hook: str) -> bool:
-    """Whether ``callback``'s class defines ``hook`` itself (not Lightning's empty default)."""
-    mine = getattr(type(callback), hook, None)
-    return all(mine is not getattr(base, hook, None) for base in classes("Callback"))
 
 
 def _key_from_state(state_key: str) -> str:
