@@ -24,13 +24,14 @@ from typing_extensions import override
 
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.findings import Finding
-from lightning_speedpack.core.hooks import overrides
+from lightning_speedpack.core.hook_hub import HookHub
+from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, overrides
 from lightning_speedpack.core.lightning import Callback, classes
 from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.wall_time.findings import RunSettings, ValidationRun, wall_findings
-from lightning_speedpack.wall_time.ledger import CALLBACK_PREFIX, PARTS, Ledger, part_of
+from lightning_speedpack.wall_time.ledger import CALLBACK_PREFIX, PARTS, Ledger, part_of, share_out
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -126,6 +127,7 @@ class WallTimeLedger(Callback):
         self._epoch_started = 0.0
         self._keys: dict[str, tuple[str, str]] = {}  # action name -> (key, detail)
         self._callbacks: dict[str, Any] = {}  # state_key -> callback
+        self._hubs: list[HookHub] = []  # whose brackets hold other callbacks' hooks
         self._val: ValidationRun | None = None
         self._patches: list[_Patch] = []
         self._trainer: Any = None
@@ -133,7 +135,7 @@ class WallTimeLedger(Callback):
     def __getstate__(self) -> dict[str, Any]:
         # Runtime-only references (the Trainer, the patches) are never pickled.
         state = self.__dict__.copy()
-        state.update(_patches=[], _trainer=None, _keys={}, _callbacks={})
+        state.update(_patches=[], _trainer=None, _keys={}, _callbacks={}, _hubs=[])
         return state
 
     # ---- the public view -----------------------------------------------------------------
@@ -146,7 +148,7 @@ class WallTimeLedger(Callback):
     def seconds(self) -> dict[str, float]:
         """Seconds per part (:data:`~lightning_speedpack.wall_time.ledger.PARTS` order)."""
         out = dict.fromkeys(PARTS, 0.0)
-        for key, value in self.ledger.seconds.items():
+        for key, value in self._charged()[0].items():
             out[part_of(key)] += value
         return out
 
@@ -154,10 +156,25 @@ class WallTimeLedger(Callback):
         """Seconds of each other callback's hooks, by class name, largest first."""
         mine = {
             key[len(CALLBACK_PREFIX) :]: value
-            for key, value in self.ledger.seconds.items()
+            for key, value in self._charged()[0].items()
             if key.startswith(CALLBACK_PREFIX)
         }
         return dict(sorted(mine.items(), key=lambda kv: -kv[1]))
+
+    def details(self) -> dict[tuple[str, str], float]:
+        """Seconds per ``(key, detail)``, e.g. ``("callback:Mine", "on_train_batch_end")``."""
+        return self._charged()[1]
+
+    def _charged(self) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+        # A HookHub's bracket holds its members' per-batch hooks: each gets its measured share.
+        seconds, details = dict(self.ledger.seconds), dict(self.ledger.details)
+        for hub in self._hubs:
+            shares: dict[tuple[str, str], float] = {}
+            for (member, hook), spent in hub.seconds().items():
+                share = (_callback_key(member), hook)
+                shares[share] = shares.get(share, 0.0) + spent
+            share_out(_callback_key(hub), shares, seconds, details)
+        return seconds, details
 
     def fractions(self) -> dict[str, float]:
         """Share of the wall time per part (0 when nothing was measured)."""
@@ -192,6 +209,7 @@ class WallTimeLedger(Callback):
         self._trainer = trainer
         self.ledger.open(start, "setup")
         self._callbacks = {cb.state_key: cb for cb in trainer.callbacks}  # type: ignore[attr-defined]
+        self._hubs = [cb for cb in trainer.callbacks if isinstance(cb, HookHub)]  # type: ignore[attr-defined]
         self._install(trainer)
 
     @override
@@ -301,8 +319,10 @@ class WallTimeLedger(Callback):
             callback = self._callbacks.get(target)
             if callback is None:  # added after setup: its state key starts with its class name
                 return _key_from_state(target), hook
-            if not overrides(type(callback), hook):
+            if not overrides(type(callback), hook) and not callable(vars(callback).get(hook)):
                 return None  # Lightning's empty default: a bracket would only cost time
+            if isinstance(callback, HookHub) and hook not in PER_BATCH_HOOKS:
+                return None  # the hub's own once-a-fit upkeep: not any member's time
             return _callback_key(callback), hook
         if kind == "[Strategy" and hook == _TRANSFER[1:]:
             return "batch_transfer", ""

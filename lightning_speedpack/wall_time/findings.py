@@ -125,6 +125,10 @@ class LedgerReadings(Protocol):
         """Seconds per callback's hooks."""
         ...
 
+    def details(self) -> dict[tuple[str, str], float]:
+        """Seconds per ``(ledger key, detail)``."""
+        ...
+
     def fractions(self) -> dict[str, float]:
         """Each part's share of :attr:`total_s`."""
         ...
@@ -234,7 +238,7 @@ def _logging(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Findi
     seconds = ledger.seconds()["logging"]
     loggers = sum(
         v
-        for (k, d), v in ledger.ledger.details.items()
+        for (k, d), v in ledger.details().items()
         if k == "logging" and (d == "log_metrics" or d.startswith("logger."))
     )
     bars = max(0.0, seconds - loggers)
@@ -307,7 +311,7 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
         if share <= CALLBACK_SHARE:
             continue
         hooks = sorted(
-            ((d, v) for (k, d), v in ledger.ledger.details.items() if k == f"callback:{name}"),
+            ((d, v) for (k, d), v in ledger.details().items() if k == f"callback:{name}"),
             key=lambda kv: -kv[1],
         )
         top = ", ".join(f"{hook} {v:.1f} s" for hook, v in hooks[:3])

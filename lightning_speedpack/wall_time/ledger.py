@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-__all__ = ["ABSORBING", "PARTS", "Ledger", "part_of"]
+__all__ = ["ABSORBING", "PARTS", "Ledger", "part_of", "share_out"]
 
 #: The ledger's parts, in the order a fit meets them (``callback:<Class>`` parts come per class).
 PARTS = (
@@ -142,3 +142,43 @@ class Ledger:
                 self.details[(key, detail)] += elapsed
         else:
             self.seconds[self._ambient] += elapsed
+
+
+def share_out(
+    key: str,
+    shares: dict[tuple[str, str], float],
+    seconds: dict[str, float],
+    details: dict[tuple[str, str], float],
+) -> None:
+    """Hand ``key``'s seconds, detail by detail, to the keys in ``shares`` (in place).
+
+    ``key`` is a bracket that ran other keys' work (a hub calling several callbacks' hooks);
+    ``shares`` says how long each ``(other key, detail)`` took inside it by its own clock. Each
+    detail's ledger seconds are split in proportion to those shares, so the ledger's total does
+    not move; a detail with no share stays ``key``'s.
+
+    Example:
+        >>> seconds = {"callback:Hub": 3.0, "training_step": 5.0}
+        >>> details = {("callback:Hub", "on_train_batch_end"): 3.0}
+        >>> share_out("callback:Hub", {("callback:A", "on_train_batch_end"): 1.0,
+        ...                            ("callback:B", "on_train_batch_end"): 0.5},
+        ...           seconds, details)
+        >>> seconds, details[("callback:A", "on_train_batch_end")]
+        ({'training_step': 5.0, 'callback:A': 2.0, 'callback:B': 1.0}, 2.0)
+    """
+    by_detail: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for (other, detail), measured in shares.items():
+        by_detail[detail].append((other, measured))
+    for detail, parts in by_detail.items():
+        ledger_s = details.get((key, detail), 0.0)
+        measured_s = sum(m for _, m in parts)
+        if ledger_s <= 0.0 or measured_s <= 0.0:
+            continue
+        del details[(key, detail)]
+        seconds[key] = seconds.get(key, 0.0) - ledger_s
+        for other, measured in parts:
+            moved = ledger_s * measured / measured_s
+            seconds[other] = seconds.get(other, 0.0) + moved
+            details[(other, detail)] = details.get((other, detail), 0.0) + moved
+    if key in seconds and abs(seconds[key]) < 1e-12:
+        del seconds[key]

@@ -589,3 +589,43 @@ def test_processes_the_doctor_does_not_attach_to_keep_their_output_byte_for_byte
     assert "subprocess: 'out\\n' 'err\\n' 0" in plain.stdout
     assert doctored.stdout == plain.stdout
     assert doctored.stderr == plain.stderr == ""
+
+
+def test_lightning_dispatches_the_doctors_per_batch_hooks_once_a_batch(tmp_path: Path) -> None:
+    from pytorch_lightning.profilers import PassThroughProfiler
+
+    from lightning_speedpack import StepTimeline, ThroughputLogger
+    from lightning_speedpack.core.hook_hub import HookHub
+
+    class Actions(PassThroughProfiler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: list[str] = []
+
+        def start(self, action_name: str) -> None:
+            self.started.append(action_name)
+
+    mine = ThroughputLogger()  # the user's own instance: Lightning calls it where it is
+    profiler = Actions()
+    session = DoctorSession()
+    with session.installed():
+        trainer = Trainer(
+            **quiet_trainer_kwargs(tmp_path, max_steps=3), callbacks=[mine], profiler=profiler
+        )
+    trainer.fit(SizedBoringModel())
+    (hub,) = [c for c in trainer.callbacks if isinstance(c, HookHub)]
+    timeline = next(c for c in trainer.callbacks if isinstance(c, StepTimeline))
+    assert timeline in hub.members
+    assert mine not in hub.members
+    hook = ".on_train_batch_end"
+    ends = sorted(
+        a.removeprefix("[Callback]").removesuffix(hook)
+        for a in profiler.started
+        if a.startswith("[Callback]") and a.endswith(hook)
+    )
+    # One dispatch a batch for all the doctor's callbacks, one for the user's own instance.
+    assert ends == sorted(["HookHub"] * 3 + [mine.state_key] * 3)
+    # The ledger still charges each tool its own per-batch hooks, and never the hub.
+    ledger = next(c for c in trainer.callbacks if type(c).__name__ == "WallTimeLedger")
+    assert "HookHub" not in ledger.callback_seconds()
+    assert ("callback:StepTimeline", "on_train_batch_end") in ledger.details()

@@ -1,0 +1,114 @@
+"""One Lightning callback that calls the per-batch hooks of several pack callbacks.
+
+Lightning calls each callback's hook on its own: per callback and hook, every batch, it builds
+``f"[Callback]{callback.state_key}.{hook}"`` and enters ``trainer.profiler.profile(...)`` (a
+context manager: three frames, and under the doctor the profiler taps of
+:mod:`~lightning_speedpack.core.profiler_tap` and the wall-time ledger's bracket). The doctor
+attaches ten callbacks that override ~26 per-batch hooks between them, so that dispatch alone was
+a large share of its cost on a millisecond step. A :class:`HookHub` takes those hooks over: each
+member's per-batch hook becomes ``None`` on the instance (Lightning skips what is not callable)
+and the hub's own hook calls the members' in their order, timing each with one clock read, so
+Lightning dispatches one hook a batch where it dispatched one per member.
+
+The members' seconds stay theirs: :meth:`HookHub.seconds` gives each ``(member, hook)`` its
+share, which the wall-time ledger hands back to the members' own lines. A hook that a member
+sets on its instance after the hub took its hooks over (a one-off hook set at ``setup``) is
+Lightning's to call, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, overrides
+from lightning_speedpack.core.lightning import Callback
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+__all__ = ["HookHub"]
+
+
+class HookHub(Callback):
+    """Dispatch the per-batch hooks of ``members`` from one callback, in their order.
+
+    Put it in the Trainer's callbacks where the members are (the doctor appends it after its own
+    callbacks). The per-batch hooks (:data:`~lightning_speedpack.core.hooks.PER_BATCH_HOOKS`)
+    that each member overrides are taken over when the hub is built (Lightning's empty defaults
+    are left alone): from then on the hub calls them, and Lightning calls the members' other
+    hooks as before.
+
+    Args:
+        members: the callbacks whose per-batch hooks the hub calls (each at most once).
+
+    Example:
+        >>> from pytorch_lightning import Callback, Trainer
+        >>> from pytorch_lightning.demos.boring_classes import BoringModel
+        >>> class Count(Callback):
+        ...     def __init__(self): self.n = 0
+        ...     def on_train_batch_end(self, *args): self.n += 1
+        >>> counts = [Count(), Count()]
+        >>> hub = HookHub(counts)
+        >>> counts[0].on_train_batch_end is None  # Lightning skips it: the hub calls it
+        True
+        >>> trainer = Trainer(max_steps=3, callbacks=[*counts, hub], logger=False,
+        ...                   enable_progress_bar=False, enable_model_summary=False,
+        ...                   enable_checkpointing=False, accelerator="cpu")
+        >>> trainer.fit(BoringModel())
+        >>> [c.n for c in counts], sorted(h for _, h in hub.seconds())
+        ([3, 3], ['on_train_batch_end', 'on_train_batch_end'])
+    """
+
+    def __init__(self, members: Sequence[Any]) -> None:
+        if isinstance(members, (str, bytes)) or not isinstance(members, Sequence):
+            raise TypeError(f"`members` must be a sequence of callbacks, got {members!r}")
+        self.members = list(members)
+        if len({id(m) for m in self.members}) != len(self.members):
+            raise ValueError("`members` lists a callback twice: its hooks would run twice a batch")
+        self._spent: dict[str, tuple[list[Any], list[float]]] = {}  # hook -> (members, seconds)
+        for hook in PER_BATCH_HOOKS:
+            owners, calls = [], []
+            for member in self.members:
+                fn = getattr(member, hook, None)
+                if callable(fn) and (overrides(type(member), hook) or hook in vars(member)):
+                    owners.append(member)
+                    calls.append(fn)
+                    setattr(member, hook, None)
+            if calls:
+                setattr(self, hook, self._dispatcher(hook, owners, calls))
+
+    def _dispatcher(
+        self, hook: str, owners: list[Any], calls: list[Callable[..., Any]]
+    ) -> Callable[..., None]:
+        spent = [0.0] * len(calls)
+        self._spent[hook] = (owners, spent)
+        indexed = tuple(enumerate(calls))
+
+        def dispatch(*args: Any, **kwargs: Any) -> None:
+            # One clock read per member: what each took is what the ledger hands back to it.
+            before = perf_counter()
+            for i, fn in indexed:
+                fn(*args, **kwargs)
+                now = perf_counter()
+                spent[i] += now - before
+                before = now
+
+        return dispatch
+
+    def seconds(self) -> dict[tuple[Any, str], float]:
+        """Seconds each member's hook took through the hub, by ``(member, hook)``."""
+        return {
+            (member, hook): s
+            for hook, (owners, spent) in self._spent.items()
+            for member, s in zip(owners, spent, strict=True)
+        }
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a new fit: the wall-time ledger starts a new ledger too
+            for _, spent in self._spent.values():
+                spent[:] = [0.0] * len(spent)

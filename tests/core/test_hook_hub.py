@@ -1,0 +1,156 @@
+"""A HookHub dispatches its members' per-batch hooks from one callback, in their order."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from pytorch_lightning import Trainer
+from pytorch_lightning.demos.boring_classes import BoringModel
+from pytorch_lightning.profilers import PassThroughProfiler
+
+from lightning_speedpack import WallTimeLedger
+from lightning_speedpack.core.hook_hub import HookHub
+from lightning_speedpack.core.lightning import Callback
+
+STEPS = 3
+
+
+class Recording(Callback):
+    """Appends ``(name, hook)`` to a shared list at three per-batch hooks."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        self.name, self.calls = name, calls
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.calls.append((self.name, "start"))
+
+    def on_before_backward(self, *args: Any) -> None:
+        self.calls.append((self.name, "backward"))
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.calls.append((self.name, "end"))
+
+
+class Actions(PassThroughProfiler):
+    """Lightning's default profiler that also lists the actions it was asked to time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[str] = []
+
+    def start(self, action_name: str) -> None:
+        self.started.append(action_name)
+
+
+def _fit(callbacks: list[Any], **kwargs: Any) -> Trainer:
+    trainer = Trainer(
+        max_steps=STEPS,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        limit_val_batches=0,
+        **kwargs,
+    )
+    trainer.fit(BoringModel())
+    return trainer
+
+
+def test_each_members_hooks_run_once_a_batch_in_the_members_order() -> None:
+    calls: list[tuple[str, str]] = []
+    members = [Recording("a", calls), Recording("b", calls)]
+    _fit([*members, HookHub(members)])
+    per_batch = [
+        ("a", "start"),
+        ("b", "start"),
+        ("a", "backward"),
+        ("b", "backward"),
+        ("a", "end"),
+        ("b", "end"),
+    ]
+    assert calls == per_batch * STEPS  # not twice: Lightning no longer calls the members
+
+
+def test_lightning_dispatches_one_hook_a_batch_for_all_the_members() -> None:
+    calls: list[tuple[str, str]] = []
+    members = [Recording("a", calls), Recording("b", calls)]
+    profiler = Actions()
+    _fit([*members, HookHub(members)], profiler=profiler)
+    ends = [a for a in profiler.started if a.endswith(".on_train_batch_end") and "Callback" in a]
+    assert ends == ["[Callback]HookHub.on_train_batch_end"] * STEPS
+
+
+def test_a_hook_a_member_sets_after_the_hub_took_over_is_called_by_lightning() -> None:
+    class Late(Callback):
+        def __init__(self) -> None:
+            self.backwards = 0
+
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            self.on_before_backward = self._count  # type: ignore[method-assign,assignment]
+
+        def _count(self, *args: Any) -> None:
+            self.backwards += 1
+
+    late = Late()
+    _fit([late, HookHub([late])])
+    assert late.backwards == STEPS
+
+
+def test_seconds_are_each_members_and_start_again_with_a_new_fit() -> None:
+    class Slow(Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            time.sleep(0.002)
+
+    slow, quick = Slow(), Recording("q", [])
+    hub = HookHub([slow, quick])
+    trainer = _fit([slow, quick, hub])
+    seconds = hub.seconds()
+    assert seconds[(slow, "on_train_batch_end")] >= STEPS * 0.002  # sleep sleeps at least that
+    assert set(seconds) == {
+        (slow, "on_train_batch_end"),
+        (quick, "on_train_batch_start"),
+        (quick, "on_before_backward"),
+        (quick, "on_train_batch_end"),
+    }
+    hub.setup(trainer, trainer.lightning_module, "fit")
+    assert set(hub.seconds().values()) == {0.0}
+
+
+def test_the_ledger_charges_each_member_not_the_hub() -> None:
+    class Slow(Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            time.sleep(0.002)
+
+    slow, quick = Slow(), Recording("q", [])
+    ledger = WallTimeLedger()
+    _fit([ledger, slow, quick, HookHub([slow, quick])])
+    by_callback = ledger.callback_seconds()
+    assert "HookHub" not in by_callback
+    assert by_callback["Slow"] >= STEPS * 0.002
+    assert by_callback["Recording"] > 0.0
+    assert ledger.details()[("callback:Slow", "on_train_batch_end")] == pytest.approx(
+        by_callback["Slow"]
+    )
+    assert sum(ledger.seconds().values()) == pytest.approx(ledger.total_s)  # nothing lost
+
+
+@pytest.mark.parametrize(
+    ("members", "error", "match"),
+    [
+        ("callbacks", TypeError, "sequence of callbacks"),
+        (None, TypeError, "sequence of callbacks"),
+    ],
+)
+def test_members_must_be_a_sequence(members: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        HookHub(members)
+
+
+def test_a_member_listed_twice_is_refused() -> None:
+    member = Recording("a", [])
+    with pytest.raises(ValueError, match="twice"):
+        HookHub([member, member])
