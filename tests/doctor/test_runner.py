@@ -200,7 +200,7 @@ def test_ranks_relaunched_by_lightning_get_the_same_diagnostics(
     )
     wanted.install()  # registers every tool, so `selected` knows them all
     wanted.uninstall()
-    expected = {d.callback_type.__name__ for d in wanted.selected()} | {"RunRecorder"}
+    expected = {d.callback_type.__name__ for d in wanted.selected()} | {"RunRecorder", "HookHub"}
     assert set(rank0.split(",")) == expected
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["runs"][0]["samples"] == 3 * 2  # 3 batches of 1 on each of 2 ranks
