@@ -13,9 +13,10 @@ loader and starting its workers) and ``on_advance_start`` (an epoch begins), its
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,14 @@ class WallTimeLedger(Callback):
     def __getstate__(self) -> dict[str, Any]:
         # Runtime-only references (the Trainer, the patches) are never pickled.
         state = self.__dict__.copy()
+        if self._hubs:  # the hubs stay behind: their members' shares go in as charged
+            seconds, details = self._charged()
+            state["ledger"] = replace(
+                self.ledger,
+                seconds=defaultdict(float, seconds),
+                details=defaultdict(float, details),
+                _stack=list(self.ledger._stack),
+            )
         state.update(_patches=[], _trainer=None, _keys={}, _callbacks={}, _hubs=[])
         return state
 
@@ -319,7 +328,8 @@ class WallTimeLedger(Callback):
             callback = self._callbacks.get(target)
             if callback is None:  # added after setup: its state key starts with its class name
                 return _key_from_state(target), hook
-            if not overrides(type(callback), hook) and not callable(vars(callback).get(hook)):
+            own = getattr(callback, "__dict__", {}).get(hook)  # set on the instance (a HookHub)
+            if not overrides(type(callback), hook) and not callable(own):
                 return None  # Lightning's empty default: a bracket would only cost time
             if isinstance(callback, HookHub) and hook not in PER_BATCH_HOOKS:
                 return None  # the hub's own once-a-fit upkeep: not any member's time

@@ -154,3 +154,15 @@ def test_a_member_listed_twice_is_refused() -> None:
     member = Recording("a", [])
     with pytest.raises(ValueError, match="twice"):
         HookHub([member, member])
+
+
+def test_a_pickled_ledger_keeps_each_members_share() -> None:
+    import pickle
+
+    slow, quick = Recording("s", []), Recording("q", [])
+    ledger = WallTimeLedger()
+    _fit([ledger, slow, quick, HookHub([slow, quick])])
+    copy = pickle.loads(pickle.dumps(ledger))
+    assert "HookHub" not in copy.callback_seconds()
+    assert copy.callback_seconds() == pytest.approx(ledger.callback_seconds())
+    assert copy.total_s == pytest.approx(ledger.total_s)
