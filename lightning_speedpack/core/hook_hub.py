@@ -69,17 +69,24 @@ class HookHub(Callback):
         self.members = list(members)
         if len({id(m) for m in self.members}) != len(self.members):
             raise ValueError("`members` lists a callback twice: its hooks would run twice a batch")
+        # hook -> [(member, its hook)], taken over once; dispatched for the members in the fit
+        self._taken: dict[str, list[tuple[Any, Callable[..., Any]]]] = {}
         self._spent: dict[str, tuple[list[Any], list[float]]] = {}  # hook -> (members, seconds)
         for hook in PER_BATCH_HOOKS:
-            owners, calls = [], []
             for member in self.members:
                 fn = getattr(member, hook, None)
                 if callable(fn) and (overrides(type(member), hook) or hook in vars(member)):
-                    owners.append(member)
-                    calls.append(fn)
+                    self._taken.setdefault(hook, []).append((member, fn))
                     setattr(member, hook, None)
-            if calls:
-                setattr(self, hook, self._dispatcher(hook, owners, calls))
+        self._dispatch(self.members)
+
+    def _dispatch(self, present: list[Any]) -> None:
+        """Dispatch each taken-over hook to the members in ``present``, counting from zero."""
+        self._spent.clear()
+        for hook, taken in self._taken.items():
+            owners = [m for m, _ in taken if any(m is p for p in present)]
+            calls = [fn for m, fn in taken if any(m is p for p in present)]
+            setattr(self, hook, self._dispatcher(hook, owners, calls) if calls else None)
 
     def _dispatcher(
         self, hook: str, owners: list[Any], calls: list[Callable[..., Any]]
@@ -109,6 +116,9 @@ class HookHub(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":  # a new fit: the wall-time ledger starts a new ledger too
-            for _, spent in self._spent.values():
-                spent[:] = [0.0] * len(spent)
+        # Only the members Lightning kept: a model's `configure_callbacks` replaces a Trainer
+        # callback of the same type, and a member that is not set up must not run. A new fit
+        # counts from zero, as the wall-time ledger starts a new ledger.
+        present = [m for m in self.members if any(m is c for c in trainer.callbacks)]  # type: ignore[attr-defined]
+        if stage == "fit" or len(present) != len(self.members):
+            self._dispatch(present)

@@ -166,3 +166,32 @@ def test_a_pickled_ledger_keeps_each_members_share() -> None:
     assert "HookHub" not in copy.callback_seconds()
     assert copy.callback_seconds() == pytest.approx(ledger.callback_seconds())
     assert copy.total_s == pytest.approx(ledger.total_s)
+
+
+def test_a_member_lightning_replaced_with_the_models_own_callback_is_not_called() -> None:
+    class Mine(Callback):
+        def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+            self.name, self.calls = name, calls
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.calls.append((self.name, "end"))
+
+    calls: list[tuple[str, str]] = []
+    replaced, kept = Mine("replaced", calls), Recording("kept", calls)
+
+    class Model(BoringModel):
+        def configure_callbacks(self) -> list[Any]:
+            return [Mine("model's", calls)]  # Lightning drops the Trainer's Mine for this one
+
+    trainer = Trainer(
+        max_steps=2,
+        callbacks=[replaced, kept, HookHub([replaced, kept])],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        limit_val_batches=0,
+    )
+    trainer.fit(Model())
+    assert {name for name, _ in calls} == {"kept", "model's"}
