@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
-from pytorch_lightning.profilers import PassThroughProfiler
 
 from lightning_speedpack import WallTimeLedger
 from lightning_speedpack.core.hook_hub import HookHub
 from lightning_speedpack.core.lightning import Callback
+from tests.helpers.models import ProfiledNames
 
 STEPS = 3
 
@@ -33,18 +33,7 @@ class Recording(Callback):
         self.calls.append((self.name, "end"))
 
 
-class Actions(PassThroughProfiler):
-    """Lightning's default profiler that also lists the actions it was asked to time."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.started: list[str] = []
-
-    def start(self, action_name: str) -> None:
-        self.started.append(action_name)
-
-
-def _fit(callbacks: list[Any], **kwargs: Any) -> Trainer:
+def _fit(callbacks: list[Any], model: Any = None, **kwargs: Any) -> Trainer:
     trainer = Trainer(
         max_steps=STEPS,
         callbacks=callbacks,
@@ -56,7 +45,7 @@ def _fit(callbacks: list[Any], **kwargs: Any) -> Trainer:
         limit_val_batches=0,
         **kwargs,
     )
-    trainer.fit(BoringModel())
+    trainer.fit(BoringModel() if model is None else model)
     return trainer
 
 
@@ -78,9 +67,9 @@ def test_each_members_hooks_run_once_a_batch_in_the_members_order() -> None:
 def test_lightning_dispatches_one_hook_a_batch_for_all_the_members() -> None:
     calls: list[tuple[str, str]] = []
     members = [Recording("a", calls), Recording("b", calls)]
-    profiler = Actions()
+    profiler = ProfiledNames()
     _fit([*members, HookHub(members)], profiler=profiler)
-    ends = [a for a in profiler.started if a.endswith(".on_train_batch_end") and "Callback" in a]
+    ends = [a for a in profiler.names if a.endswith(".on_train_batch_end") and "Callback" in a]
     assert ends == ["[Callback]HookHub.on_train_batch_end"] * STEPS
 
 
@@ -183,15 +172,5 @@ def test_a_member_lightning_replaced_with_the_models_own_callback_is_not_called(
         def configure_callbacks(self) -> list[Any]:
             return [Mine("model's", calls)]  # Lightning drops the Trainer's Mine for this one
 
-    trainer = Trainer(
-        max_steps=2,
-        callbacks=[replaced, kept, HookHub([replaced, kept])],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        limit_val_batches=0,
-    )
-    trainer.fit(Model())
+    _fit([replaced, kept, HookHub([replaced, kept])], Model())
     assert {name for name, _ in calls} == {"kept", "model's"}

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
-from pytorch_lightning.profilers import PassThroughProfiler
 
 from lightning_speedpack import ThroughputLogger
 from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, overrides, silenced_hooks
 from lightning_speedpack.core.lightning import Callback
+from tests.helpers.models import ProfiledNames as Names
 
 
 class Counting(Callback):
@@ -36,17 +36,6 @@ class Sub(Counting):
     def on_before_backward(self, *args: Any) -> None:
         self.backwards += 1
         super().on_before_backward(*args)  # Lightning's empty default, through the class
-
-
-class Names(PassThroughProfiler):
-    """A profiler that keeps the names Lightning profiles."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def start(self, action_name: str) -> None:
-        self.names.append(action_name)
 
 
 def _fit(callback: Callback, profiler: Names) -> None:

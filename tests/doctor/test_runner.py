@@ -592,21 +592,12 @@ def test_processes_the_doctor_does_not_attach_to_keep_their_output_byte_for_byte
 
 
 def test_lightning_dispatches_the_doctors_per_batch_hooks_once_a_batch(tmp_path: Path) -> None:
-    from pytorch_lightning.profilers import PassThroughProfiler
-
     from lightning_speedpack import StepTimeline, ThroughputLogger
     from lightning_speedpack.core.hook_hub import HookHub
-
-    class Actions(PassThroughProfiler):
-        def __init__(self) -> None:
-            super().__init__()
-            self.started: list[str] = []
-
-        def start(self, action_name: str) -> None:
-            self.started.append(action_name)
+    from tests.helpers.models import ProfiledNames
 
     mine = ThroughputLogger()  # the user's own instance: Lightning calls it where it is
-    profiler = Actions()
+    profiler = ProfiledNames()
     session = DoctorSession()
     with session.installed():
         trainer = Trainer(
@@ -620,7 +611,7 @@ def test_lightning_dispatches_the_doctors_per_batch_hooks_once_a_batch(tmp_path:
     hook = ".on_train_batch_end"
     ends = sorted(
         a.removeprefix("[Callback]").removesuffix(hook)
-        for a in profiler.started
+        for a in profiler.names
         if a.startswith("[Callback]") and a.endswith(hook)
     )
     # One dispatch a batch for all the doctor's callbacks, one for the user's own instance.

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from pytorch_lightning import LightningModule
 from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
+from pytorch_lightning.profilers import PassThroughProfiler
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -118,3 +119,14 @@ def quiet_trainer_kwargs(tmp_path: Any, **overrides: Any) -> dict[str, Any]:
     }
     kwargs.update(overrides)
     return kwargs
+
+
+class ProfiledNames(PassThroughProfiler):
+    """Lightning's default profiler that also keeps the names of the actions it times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def start(self, action_name: str) -> None:
+        self.names.append(action_name)
