@@ -393,6 +393,13 @@ class Arena(StreamFill, Structures):
             out.append(plan(blob, start + (head + length + ALIGN - 1) // ALIGN * ALIGN))
         return out
 
+    def stored_nbytes(self, index: int) -> int:
+        """The bytes of the blob published at ``index``; 0 when none is (or out of range)."""
+        if not 0 <= index < self.n_slots:
+            return 0
+        words, at = self._slot_words, index * SLOT_WORDS
+        return int(words[at + 3] & NBYTES_MASK) if words[at] == READY else 0
+
     def is_ready(self, index: int) -> bool:
         """Whether ``index`` is published."""
         return bool(self._slots[index, 0] == READY)

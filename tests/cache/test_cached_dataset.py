@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    Subset,
+    TensorDataset,
+    get_worker_info,
+)
 
 from lightning_speedpack.cache import cached_dataset as cd_module
 from lightning_speedpack.cache import options as opts
@@ -702,6 +709,69 @@ def test_reads_for_torchs_default_collate_copy_nothing_and_others_copy(
         "subset of subset, custom": "together",
         "direct": "together",
     }
+
+
+class _Sized(Dataset[Any]):
+    """Samples of ``nbytes`` bytes (uint8), each filled with its index."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((self.nbytes,), i, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize(("nbytes", "worker_reads"), [(768, "each"), (8192, "views")])
+def test_workers_copy_small_samples_and_view_large_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nbytes: int, worker_reads: str
+) -> None:
+    """Under default_collate the main process always reads views; a forked worker reads a
+    sample under 4 KiB as a copy (views cost each worker more memory than such a sample's
+    copy costs time), a larger one as views. The batches are the same either way."""
+    from lightning_speedpack.cache.arena import Arena
+
+    log = tmp_path / "hows"
+    original = Arena.get_many
+
+    def spy(self: Arena, indices: Any, n: int, *, how: Any = "together") -> list[Any]:
+        with log.open("a") as out:  # written by the worker process too
+            out.write(f"{'worker' if get_worker_info() else 'main'} {how}\n")
+        return original(self, indices, n, how=how)
+
+    monkeypatch.setattr(Arena, "get_many", spy)
+    expected = torch.arange(8, dtype=torch.uint8)[:, None].expand(8, nbytes)
+    with CachedDataset(_Sized(nbytes), max_bytes=1 << 20) as cached:
+        cached.__getitems__(list(range(8)))  # fill
+        log.unlink()
+        for workers in (0, 1):
+            context = "fork" if workers else None
+            loader = DataLoader(
+                cached, batch_size=8, num_workers=workers, multiprocessing_context=context
+            )
+            assert torch.equal(next(iter(loader)), expected)
+    assert log.read_text().splitlines() == ["main views", f"worker {worker_reads}"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_stacked_from_views_train_like_any_batch(workers: int) -> None:
+    """The views are made in inference mode (no autograd view record per sample); the batch
+    default_collate stacks from them is an ordinary tensor: saved for backward, changed in
+    place, never an inference tensor."""
+    expected = _expected_batches(8)
+    with CachedDataset(Alike(), max_bytes=1 << 20) as cached:
+        cached.__getitems__(list(range(len(cached))))  # fill: the loader below reads views
+        loader = DataLoader(cached, batch_size=8, num_workers=workers)
+        weight = torch.ones(1, requires_grad=True)
+        for (x, _, _), (ex, _, _) in zip(loader, expected, strict=True):
+            assert not x.is_inference()
+            (x.float() * weight).sum().backward()  # raises for an inference tensor
+            x.add_(1)  # raises for an inference tensor outside inference mode
+            assert torch.equal(x, ex + 1)
+        assert weight.grad is not None
+        assert torch.equal(cached[0][0], expected[0][0][0])  # the cache is untouched
 
 
 def test_an_in_place_transform_under_default_collate_leaves_the_cache_intact() -> None:
