@@ -17,7 +17,7 @@ Writes >= 2,000 JPEGs of varied sizes to a temporary folder; ``__getitem__`` dec
 
 ``quick_figures()`` gives ``benchmarks/bench_check.py`` its figures at a quick size.
 
-Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small,tokens,reads]``.
+Run ``.venv/bin/python benchmarks/cache.py [--quick] [--only jpeg,stream,small,tokens]``.
 """
 
 from __future__ import annotations
@@ -437,70 +437,10 @@ def quick_figures(which: str) -> dict[str, float]:
     }
 
 
-class _Filled(Dataset[torch.Tensor]):
-    """``n`` samples of one shape and dtype, each filled with its index."""
-
-    def __init__(self, n: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self.n, self.shape, self.dtype = n, shape, dtype
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.full(self.shape, i % 100, dtype=self.dtype)
-
-
-def bench_reads(repeats: int) -> None:
-    """Microseconds a sample of a cached batch read and stacked by ``default_collate``.
-
-    Copied one at a time (``each``: a worker's path for samples under 4 KiB) or as views.
-    """
-    cases = [
-        ((TOKENS,), torch.int64, 256, 20_000),
-        ((3, 32, 32), torch.uint8, 256, 10_000),
-        ((3, 224, 224), torch.uint8, 64, 640),
-    ]
-    rows = []
-    for shape, dtype, batch, n in cases:
-        with CachedDataset(_Filled(n, shape, dtype), key=f"reads-{shape}-{os.getpid()}") as ds:
-            ds.fill(processes=0)
-            arena = ds._arena
-            assert arena is not None
-            order = random.Random(0).sample(range(n), n)
-            batches = [order[k : k + batch] for k in range(0, n - batch + 1, batch)]
-
-            def read(
-                how: Any, arena: Any = arena, batches: list[list[int]] = batches, n: int = n
-            ) -> float:
-                start = time.perf_counter()
-                for b in batches:
-                    torch.utils.data.default_collate(arena.get_many(b, n, how=how))
-                return (time.perf_counter() - start) / (len(batches) * len(batches[0])) * 1e6
-
-            med = alternate(
-                {how: functools.partial(read, how) for how in ("each", "views")}, repeats
-            )
-        nbytes = int(torch.empty(shape, dtype=dtype).nbytes)
-        rows.append(
-            [
-                f"{'x'.join(map(str, shape))} {str(dtype)[6:]} ({nbytes:,} B), batch {batch}",
-                f"{med['each']:.2f}",
-                f"{med['views']:.2f}",
-                f"{med['each'] / med['views']:.2f}",
-            ]
-        )
-    print_table(
-        f"Reading a cached batch for default_collate, us a sample (medians of {repeats} "
-        "alternating rounds, one process)",
-        ["samples", "copied (each)", "views", "copied / views"],
-        rows,
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller images, 3 repeats (< 60 s)")
-    parser.add_argument("--only", default="jpeg,stream,small,tokens,reads", help="sections to run")
+    parser.add_argument("--only", default="jpeg,stream,small,tokens", help="sections to run")
     parser.add_argument("--pss-child", choices=("uncached", "cached"), help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
@@ -519,8 +459,6 @@ def main() -> None:
         bench_small_pss(20_000 if args.quick else 100_000, repeats)
     if "tokens" in only:
         bench_tokens(args.quick, repeats)
-    if "reads" in only:
-        bench_reads(max(repeats, 5))
     if "jpeg" not in only:
         return
     with tempfile.TemporaryDirectory(prefix="speedpack-bench-") as tmp:
