@@ -3,7 +3,8 @@
 Each case of ``benchmarks/zoo/world_job.py`` is a 2-rank DDP fit (gloo, CPU, an MLP of about
 1 ms a step, batch 8, 2 epochs) with one cause planted: a slow rank (its data, its step, on
 another node), a slow rank that moves between epochs, uneven ranks, communication it does not
-need, or a model whose gradient all-reduce outweighs its compute (``comm-bound``). Each runs
+need, a model whose gradient all-reduce outweighs its compute (``comm-bound``), or a host
+that keeps one rank off the CPU (``busy-host``: expected as an info, with no warning). Each runs
 unmodified under ``speedpack doctor --json`` in a fresh process (the two-node
 case as two ``torchrun`` agents on this host, the doctor as each one's entry). A planted case is
 *recalled* when the expected ``component/id`` is among the warnings and errors, *top-1* when it
@@ -54,6 +55,7 @@ class Case:
     part: str | None = None  # ... and the part ("data wait", "training step")
     moving: bool = False  # ... or that the slowest rank changes between epochs
     nodes: int = 1  # 2: two torchrun agents on this host
+    info: bool = False  # the expected finding is an info: no warning or error may come
 
 
 CASES: dict[str, Case] = {
@@ -66,6 +68,7 @@ CASES: dict[str, Case] = {
     "uneven-batches": Case("world/rank-imbalance"),
     "two-nodes": Case("world/straggler", rank=1, node=1, part="data wait", nodes=2),
     "comm-bound": Case("comm/comm-bound"),
+    "busy-host": Case("world/straggler", rank=1, part="wait for a CPU", info=True),
     "clean": Case(None),
     "clean-sync-epoch": Case(None),
 }
@@ -208,6 +211,7 @@ def run_case(case: str, tmp: Path, keep: Path | None) -> dict[str, Any]:
     data = json.loads(report.read_text())
     shown = presented(findings_from_dicts(data["findings"]))
     warnings = [f for f in shown if f.severity in ("warning", "error")]
+    infos = [f for f in shown if f.severity == "info" and f.component == "world"]
     world = ((data.get("runs") or [{}])[-1].get("figures") or {}).get("world") or {}
     fit_s = json.loads(wall_out.read_text())["fit_s"] if wall_out.exists() else None
     return {
@@ -220,6 +224,10 @@ def run_case(case: str, tmp: Path, keep: Path | None) -> dict[str, Any]:
                 "figures": dict(f.figures or {}),
             }
             for f in warnings
+        ],
+        "infos": [
+            {"id": f"{f.component}/{f.id}", "message": f.message, "figures": dict(f.figures or {})}
+            for f in infos
         ],
         "ranks": [
             {k: r.get(k) for k in ("rank", "node", "batches", "samples", "own_ms", "wait_ms")}
@@ -239,9 +247,10 @@ def judge(row: dict[str, Any]) -> dict[str, Any]:
     ids = [w["id"] for w in row["warnings"]]
     if case.expected is None:
         return {"recall": None, "top1": None, "named": None, "false": len(ids)}
+    found = row.get("infos", []) if case.info else row["warnings"]
     named = None
     if case.expected == "world/straggler":
-        hit = next((w for w in row["warnings"] if w["id"] == case.expected), None)
+        hit = next((w for w in found if w["id"] == case.expected), None)
         fig = hit["figures"] if hit else {}
         if case.moving:
             named = bool(fig.get("slowest_by_epoch"))
@@ -253,6 +262,9 @@ def judge(row: dict[str, Any]) -> dict[str, Any]:
                 and (case.node is None or fig.get("node") == case.node)
                 and fig.get("part") == case.part
             )
+    if case.info:  # an info for the host: recalled as an info, and not one warning
+        recalled = any(w["id"] == case.expected for w in found)
+        return {"recall": recalled, "top1": recalled and not ids, "named": named, "false": len(ids)}
     return {
         "recall": case.expected in ids,
         "top1": bool(ids) and ids[0] == case.expected,
@@ -266,7 +278,8 @@ def _yes(value: bool | None) -> str:
 
 
 def _named_what(row: dict[str, Any]) -> str:
-    hit = next((w for w in row.get("warnings", []) if w["id"] == "world/straggler"), None)
+    found = [*row.get("warnings", []), *row.get("infos", [])]
+    hit = next((w for w in found if w["id"] == "world/straggler"), None)
     if hit is None:
         return "-"
     fig = hit["figures"]

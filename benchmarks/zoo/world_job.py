@@ -29,6 +29,10 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
   gloo's all-reduce over loopback is most of the step.
 - ``two-nodes``: for ``torchrun --nnodes 2 --nproc-per-node 1`` (``devices=1, num_nodes=2``):
   the rank on node 1 sleeps 4 ms a sample in its dataset.
+- ``busy-host``: another job shares rank 1's core: for the training loop each rank (all its
+  threads) is pinned to a core of its own, and 6 processes that spin (not the job's: they stand
+  for a neighbour on the host) share rank 1's. Its code is no slower; it gets a seventh of its
+  core.
 
 ``--wall-out PATH`` (rank 0 only) writes the wall seconds of ``trainer.fit`` (``perf_counter``
 around the call; with Lightning's launcher it includes starting rank 1) and of the training loop
@@ -38,7 +42,9 @@ alone (the module's ``on_train_start`` to ``on_train_end``) to PATH as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import tempfile
 import time
@@ -73,7 +79,10 @@ CASES = (
     "uneven-batches",
     "two-nodes",
     "comm-bound",
+    "busy-host",
 )
+#: ``busy-host``: spinning processes sharing rank 1's core (it gets about a seventh of it).
+RIVALS = 6
 #: ``comm-bound``: its embedding table's rows, ids per sample and steps (a fit of about 10 s).
 VOCAB = 1 << 19
 IDS = 16
@@ -145,6 +154,44 @@ class UnevenSampler(Sampler[int]):
         return iter(range(start, start + self.sizes[rank]))
 
 
+def _spin(stop: Any) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def busy_neighbour(rank: int) -> Any:
+    """``busy-host``: each rank on a core of its own, rank 1's shared with spinning neighbours.
+
+    On rank 1, :data:`RIVALS` spinning processes start on its core. Returns the function that
+    stops them and unpins the threads.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    before = set(cores)
+    _pin_process({cores[rank % len(cores)]})  # each rank, gloo's threads too, on its own core
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    rivals = [context.Process(target=_spin, args=(stop,), daemon=True) for _ in range(RIVALS)]
+    if rank == 1:
+        for rival in rivals:
+            rival.start()  # forked after the pinning: on rank 1's core
+
+    def done() -> None:
+        if rank == 1:
+            stop.set()
+            for rival in rivals:
+                rival.join(5)
+        _pin_process(before)
+
+    return done
+
+
+def _pin_process(cores: set[int]) -> None:
+    """Every thread of this process (gloo's too) on ``cores``."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cores)
+
+
 class MLP(LightningModule):
     def __init__(self, case: str) -> None:
         super().__init__()
@@ -189,10 +236,13 @@ class MLP(LightningModule):
         return loss
 
     def on_train_start(self) -> None:
+        self.neighbour = busy_neighbour(self.global_rank) if self.case == "busy-host" else None
         self.train_started = time.perf_counter()
 
     def on_train_end(self) -> None:
         self.train_s = time.perf_counter() - self.train_started
+        if self.neighbour is not None:
+            self.neighbour()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)

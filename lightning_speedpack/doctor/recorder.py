@@ -14,6 +14,7 @@ import torch
 from typing_extensions import override
 
 from lightning_speedpack.core.batch import BatchSizer
+from lightning_speedpack.core.cpu_wait import thread_cpu_wait_s
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.logged_batch_size import unwatch, watch
@@ -72,6 +73,7 @@ class RunRecorder(Callback):
         self._sizer = BatchSizer()
         self._watched: Any = None
         self._clock = StepClock()
+        self._cpu_wait: float | None = None  # the fit thread's run-queue delay at fit start
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_watched": None}
@@ -83,6 +85,7 @@ class RunRecorder(Callback):
         self._unwatch()
         self._watched = pl_module
         self._sizer = BatchSizer(logged=watch(pl_module))
+        self._cpu_wait = thread_cpu_wait_s()
         self._start = time.perf_counter()
 
     @override
@@ -181,9 +184,17 @@ class RunRecorder(Callback):
             "samples": self._samples,
             "sample_unit": self._sizer.unit,
             "clock": self._clock.figures(),
+            "cpu_wait_s": self._cpu_wait_s(),
             "figures": figures,
             "findings": finding_items(found),
         }
+
+    def _cpu_wait_s(self) -> float | None:
+        """Seconds the fit's thread was ready to run but had no CPU, this fit (None: unknown)."""
+        now = thread_cpu_wait_s()
+        if now is None or self._cpu_wait is None:
+            return None
+        return round(max(now - self._cpu_wait, 0.0), 6)
 
     @property
     def world(self) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "CONFIRM_FRACTION",
+    "CPU_WAIT",
     "IMBALANCE_RATIO",
     "STRAGGLER_MIN_MS",
     "STRAGGLER_RATIO",
@@ -45,6 +46,8 @@ STRAGGLER_RATIO = 1.5
 STRAGGLER_MIN_MS = 2.0
 #: ... and the others must wait at least this fraction of that excess (the confirmation).
 CONFIRM_FRACTION = 0.5
+#: The straggler's part when its extra time was spent ready to run with no CPU free.
+CPU_WAIT = "wait for a CPU"
 #: Ranks whose samples differ by more than this fraction are given uneven work.
 IMBALANCE_RATIO = 0.02
 
@@ -71,6 +74,7 @@ ROW_KEYS = (
     "wait_fraction",
     "callbacks_s",
     "checkpoint_s",
+    "cpu_wait_ms",
 )
 #: Published figures that are the world's on every rank, replaced by the rank's own.
 _WORLD_ALIKE = ("samples_per_sec", "data_wait_fraction", "step_time_ms")
@@ -135,11 +139,18 @@ def world_rows(payloads: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]
             data_wait_fraction=round(data / cycle, 4) if cycle > 0 else None,
             callbacks_s=_number(figures.get("wall_time/parts/callbacks")),
             checkpoint_s=_number(figures.get("wall_time/parts/checkpoint")),
+            cpu_wait_ms=_cpu_wait_ms(payload, batches),
         )
         row["step_time_ms"] = row["cycle_ms"]
         rows.append(row)
     _estimate_waits(rows)
     return rows
+
+
+def _cpu_wait_ms(payload: Mapping[str, Any], batches: int) -> float | None:
+    # The fit thread's time ready to run with no CPU free (core.cpu_wait), per batch.
+    seconds = _number(payload.get("cpu_wait_s"))
+    return round(1000.0 * seconds / batches, 3) if seconds is not None and batches else None
 
 
 def _data_ms(figures: Mapping[str, Any], clock: Mapping[str, Any]) -> float:
@@ -183,7 +194,7 @@ class Straggler:
     own_ms: float  # its own time a step
     others_ms: float  # the other ranks' own time a step (median)
     excess_ms: float
-    part: str  # "data wait", "training step", "callbacks"
+    part: str  # "data wait", "training step", "callbacks", CPU_WAIT
     part_ms: float
     part_others_ms: float
     callback: str | None  # the callback whose hooks are the part, when it is "callbacks"
@@ -254,6 +265,10 @@ def find_straggler(
     mine = _parts(slow)
     theirs = {p: median([_parts(o)[p] for o in others]) for p in mine}
     part = max(mine, key=lambda p: mine[p] - theirs[p])
+    starved = _cpu_starved(slow, others, excess, confirm)
+    if starved is not None:  # its code did not take longer: it was kept off the CPU
+        part = CPU_WAIT
+        mine[part], theirs[part] = starved
     waited_s = [float(r.get("wait_ms") or 0.0) * int(r.get("batches") or 0) / 1000 for r in others]
     steps = [float(r.get("step_wall_ms") or 0.0) for r in others]
     walls = [float(r.get("wall_s") or 0.0) for r in others]
@@ -283,6 +298,22 @@ def find_straggler(
         wall_fraction=round(min(mean_waited / wall, 1.0), 4) if wall > 0 else 0.0,
         others=len(others),
     )
+
+
+def _cpu_starved(
+    slow: Mapping[str, Any], others: Sequence[Mapping[str, Any]], excess: float, share: float
+) -> tuple[float, float] | None:
+    """The slow rank's and the others' CPU wait a step, when that explains its excess.
+
+    Its extra wait for a CPU must be ``share`` or more of its ``excess``; None when it is not,
+    or when a rank did not measure it.
+    """
+    mine = _number(slow.get("cpu_wait_ms"))
+    theirs = [_number(o.get("cpu_wait_ms")) for o in others]
+    if mine is None or any(t is None for t in theirs):
+        return None
+    base = median([float(t) for t in theirs if t is not None])
+    return (mine, base) if mine - base >= share * excess else None
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_speedpack.core.findings import Finding, Severity
+from lightning_speedpack.world.engine import CPU_WAIT
 
 __all__ = [
     "COMPONENT",
@@ -38,6 +39,11 @@ _FIXES = {
     "callbacks": (
         "make the hooks of {callback} cheaper on rank {rank} (its work every N steps, or off the "
         "training thread): every rank waits for them in the next all-reduce"
+    ),
+    CPU_WAIT: (
+        "free cores for rank {rank} on node {node}: other processes on that host, more threads "
+        "than cores (`torch.set_num_threads`, `OMP_NUM_THREADS`, DataLoader workers per rank) or "
+        "a CPU quota; its code is not slower than the others'"
     ),
 }
 _MOVING_FIX = (
@@ -122,11 +128,16 @@ rank waited 10.1 s for it in the gradient all-reduce, 92% of its steps (80% of t
         if part == "callbacks" and straggler.get("callback")
         else f"its {part}"
     )
+    starved = (
+        ", ready to run with every core busy -- the host, not the job's code"
+        if part == CPU_WAIT
+        else ""
+    )
     message = (
         f"{label} is the straggler: its own time is {straggler['own_ms']:.1f} ms a step against "
         f"{straggler['others_ms']:.1f} ms on {who} (+{straggler['excess_ms']:.1f} ms), mostly "
         f"{detail} ({straggler['part_ms']:.1f} ms a step against "
-        f"{straggler['part_others_ms']:.1f} ms); {waited}"
+        f"{straggler['part_others_ms']:.1f} ms{starved}); {waited}"
     )
     fix = _FIXES[part].format(
         rank=rank, node=node if node is not None else "?", callback=straggler.get("callback")
@@ -145,10 +156,17 @@ rank waited 10.1 s for it in the gradient all-reduce, 92% of its steps (80% of t
 def straggler_severity(straggler: Mapping[str, Any]) -> Severity:
     """A warning; an error when the other ranks waited more than they computed (as data-bound).
 
+    An info when the straggler mostly waited for a CPU: its host was busy (``cpu-threads``
+    warns where the job's own threads are too many).
+
     Example:
         >>> straggler_severity({"waited_step_fraction": 0.92})
         'error'
+        >>> straggler_severity({"waited_step_fraction": 0.92, "part": CPU_WAIT})
+        'info'
     """
+    if straggler.get("part") == CPU_WAIT:
+        return "info"
     return "error" if float(straggler.get("waited_step_fraction") or 0.0) > 0.5 else "warning"
 
 

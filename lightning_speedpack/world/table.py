@@ -92,6 +92,8 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[_Column]:
         columns.append(("callbacks_s", "hooks s", _s))
     if _any(rows, "checkpoint_s", 0.005):
         columns.append(("checkpoint_s", "ckpt s", _s))
+    if _any(rows, "cpu_wait_ms", 0.5):  # ready to run, no core free: a busy host
+        columns.append(("cpu_wait_ms", "CPU wait ms", _ms))
     for part in _ledger_parts(rows):
         columns.append((f"{_LEDGER}{part}", f"{part} s", _s))
     if any(r.get("bound") for r in rows):

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from lightning_speedpack.core.console import make_console
+from lightning_speedpack.core.cpu_wait import thread_cpu_wait_s
 from lightning_speedpack.core.findings import Finding, findings_from_dicts
 from lightning_speedpack.core.tables import log_findings
 from lightning_speedpack.doctor.grouping import presented
@@ -101,6 +102,9 @@ def test_a_rank_with_slow_data_is_the_first_warning_and_rank_0_waits_for_it(
     slow, fast = world["ranks"][1], world["ranks"][0]
     assert slow["data_wait_ms"] > 50 > fast["data_wait_ms"]  # 4 samples x 20 ms a batch
     assert fast["wait_ms"] > 50  # rank 0 waited for it, in backward
+    if thread_cpu_wait_s() is not None:  # each rank's wait for a CPU, from its kernel
+        assert all(isinstance(r["cpu_wait_ms"], float) for r in world["ranks"])
+        assert all(r["cpu_wait_ms"] >= 0 for r in world["ranks"])
     shown = presented(findings_from_dicts(report["findings"]))
     first = next(f for f in shown if f.severity != "info")
     assert (first.component, first.id) == ("world", "straggler")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from lightning_speedpack.world.engine import find_imbalance, find_straggler, world_rows
+from lightning_speedpack.world.engine import CPU_WAIT, find_imbalance, find_straggler, world_rows
 from lightning_speedpack.world.epochs import epoch_waits, slowest_by_epoch
 from lightning_speedpack.world.figures import world_figures
 from lightning_speedpack.world.findings import world_findings
@@ -51,6 +53,45 @@ def test_a_rank_with_a_slow_step_is_named_with_its_step() -> None:
     (finding,) = world_findings(world)
     assert "mostly its training step" in finding.message
     assert "the other rank waited" in finding.message
+
+
+def _with_cpu_wait(world: dict[int, dict[str, Any]], ms: dict[int, float | None]) -> None:
+    for rank, per_batch in ms.items():  # seconds over the fit, as the recorder sends them
+        batches = world[rank]["clock"]["batches"]
+        world[rank]["cpu_wait_s"] = None if per_batch is None else per_batch * batches / 1000
+
+
+def test_a_rank_kept_off_the_cpu_is_named_for_its_host_not_its_step() -> None:
+    """Its step took 30 ms longer, and it spent 28 ms of that ready to run with every core busy:
+    the host is the cause, said as an info, and the table shows the CPU wait."""
+    ranks = payloads({0: (1.0, 3.0), 1: (1.0, 33.0)})
+    _with_cpu_wait(ranks, {0: 0.4, 1: 28.4})
+    world = world_figures(ranks)
+    straggler = world["straggler"]
+    assert straggler["rank"] == 1
+    assert straggler["part"] == CPU_WAIT
+    assert (straggler["part_ms"], straggler["part_others_ms"]) == (28.4, 0.4)
+    (finding,) = world_findings(world)
+    assert finding.severity == "info"
+    assert "mostly its wait for a CPU (28.4 ms a step against 0.4 ms, ready to run with" in (
+        finding.message
+    )
+    assert "the host, not the job's code" in finding.message
+    assert "torch.set_num_threads" in (finding.fix or "")
+    assert "CPU wait ms" in display_table(world)[0]
+
+
+@pytest.mark.parametrize("cpu_wait", [{0: 0.4, 1: 3.0}, {0: 0.4, 1: None}])
+def test_a_slow_step_that_was_not_kept_off_the_cpu_stays_its_step(
+    cpu_wait: dict[int, float | None],
+) -> None:
+    """Too little of its excess was CPU wait (or a rank could not measure it): its step."""
+    ranks = payloads({0: (1.0, 3.0), 1: (1.0, 33.0)})
+    _with_cpu_wait(ranks, cpu_wait)
+    world = world_figures(ranks)
+    assert world["straggler"]["part"] == "training step"
+    (finding,) = world_findings(world)
+    assert finding.severity == "error"
 
 
 def test_a_slow_callback_on_one_rank_is_named_by_class() -> None:
