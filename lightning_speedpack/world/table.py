@@ -202,8 +202,9 @@ def display_title(world: Mapping[str, Any]) -> str:
 LEGEND = (
     "ms are per training batch: data = waiting for the batch (fetch and copy), step = the rest "
     "of the batch, waited = time in backward beyond the rank that spent least there (waiting "
-    "for slower ranks in the gradient all-reduce); hooks, ckpt and the ledger's other parts "
-    "are seconds of the fit; max/min = the spread over the ranks"
+    "for slower ranks in the gradient all-reduce), CPU wait = ready to run with every core "
+    "busy (shown past 0.5 ms); hooks, ckpt and the ledger's other parts are seconds of the "
+    "fit; max/min = the spread over the ranks"
 )
 
 
