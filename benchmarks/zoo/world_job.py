@@ -170,16 +170,17 @@ def busy_neighbour(rank: int) -> Any:
     _pin_process({cores[rank % len(cores)]})  # each rank, gloo's threads too, on its own core
     context = multiprocessing.get_context("fork")
     stop = context.Event()
-    rivals = [context.Process(target=_spin, args=(stop,), daemon=True) for _ in range(RIVALS)]
-    if rank == 1:
-        for rival in rivals:
-            rival.start()  # forked after the pinning: on rank 1's core
+    rivals = [
+        context.Process(target=_spin, args=(stop,), daemon=True)
+        for _ in range(RIVALS if rank == 1 else 0)
+    ]
+    for rival in rivals:
+        rival.start()  # forked after the pinning: on rank 1's core
 
     def done() -> None:
-        if rank == 1:
-            stop.set()
-            for rival in rivals:
-                rival.join(5)
+        stop.set()
+        for rival in rivals:
+            rival.join(5)
         _pin_process(before)
 
     return done

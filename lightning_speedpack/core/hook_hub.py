@@ -83,10 +83,11 @@ class HookHub(Callback):
     def _dispatch(self, present: list[Any]) -> None:
         """Dispatch each taken-over hook to the members in ``present``, counting from zero."""
         self._spent.clear()
+        ids = {id(p) for p in present}
         for hook, taken in self._taken.items():
-            owners = [m for m, _ in taken if any(m is p for p in present)]
-            calls = [fn for m, fn in taken if any(m is p for p in present)]
-            setattr(self, hook, self._dispatcher(hook, owners, calls) if calls else None)
+            kept = [(m, fn) for m, fn in taken if id(m) in ids]
+            owners, calls = [m for m, _ in kept], [fn for _, fn in kept]
+            setattr(self, hook, self._dispatcher(hook, owners, calls) if kept else None)
 
     def _dispatcher(
         self, hook: str, owners: list[Any], calls: list[Callable[..., Any]]

@@ -28,6 +28,7 @@ from typing import Any
 __all__ = [
     "CONFIRM_FRACTION",
     "CPU_WAIT",
+    "CPU_WAIT_SHARE",
     "IMBALANCE_RATIO",
     "STRAGGLER_MIN_MS",
     "STRAGGLER_RATIO",
@@ -46,8 +47,10 @@ STRAGGLER_RATIO = 1.5
 STRAGGLER_MIN_MS = 2.0
 #: ... and the others must wait at least this fraction of that excess (the confirmation).
 CONFIRM_FRACTION = 0.5
-#: The straggler's part when its extra time was spent ready to run with no CPU free.
+#: The straggler's part when its extra time was spent ready to run with no CPU free ...
 CPU_WAIT = "wait for a CPU"
+#: ... that is, when its extra wait for a CPU is at least this fraction of its excess.
+CPU_WAIT_SHARE = 0.5
 #: Ranks whose samples differ by more than this fraction are given uneven work.
 IMBALANCE_RATIO = 0.02
 
@@ -265,7 +268,7 @@ def find_straggler(
     mine = _parts(slow)
     theirs = {p: median([_parts(o)[p] for o in others]) for p in mine}
     part = max(mine, key=lambda p: mine[p] - theirs[p])
-    starved = _cpu_starved(slow, others, excess, confirm)
+    starved = _cpu_starved(slow, others, excess)
     if starved is not None:  # its code did not take longer: it was kept off the CPU
         part = CPU_WAIT
         mine[part], theirs[part] = starved
@@ -301,19 +304,19 @@ def find_straggler(
 
 
 def _cpu_starved(
-    slow: Mapping[str, Any], others: Sequence[Mapping[str, Any]], excess: float, share: float
+    slow: Mapping[str, Any], others: Sequence[Mapping[str, Any]], excess: float
 ) -> tuple[float, float] | None:
     """The slow rank's and the others' CPU wait a step, when that explains its excess.
 
-    Its extra wait for a CPU must be ``share`` or more of its ``excess``; None when it is not,
-    or when a rank did not measure it.
+    Its extra wait for a CPU must be :data:`CPU_WAIT_SHARE` of its ``excess`` or more; None
+    when it is not, or when a rank did not measure it.
     """
     mine = _number(slow.get("cpu_wait_ms"))
     theirs = [_number(o.get("cpu_wait_ms")) for o in others]
     if mine is None or any(t is None for t in theirs):
         return None
     base = median([float(t) for t in theirs if t is not None])
-    return (mine, base) if mine - base >= share * excess else None
+    return (mine, base) if mine - base >= CPU_WAIT_SHARE * excess else None
 
 
 @dataclass
