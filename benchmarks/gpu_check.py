@@ -51,7 +51,9 @@ CHILD = CHECKS_DIR / "child.py"
 #: The environment variable naming the file a check's emitted lines go to (``context.emit``).
 PARTIAL_ENV = "GPU_CHECK_PARTIAL"
 #: The checks whose order is fixed; any other ``check_*.py`` runs after them, by name.
-ORDER = ("tests", "syncs", "throughput", "copy", "oom", "nvtx", "what_if", "cache", "doctor")
+ORDER = (
+    "tests", "syncs", "throughput", "copy", "oom", "nvtx", "world", "what_if", "cache", "doctor"
+)  # fmt: skip
 #: A check whose module gives no literal ``TIMEOUT_S`` gets these.
 DEFAULT_TIMEOUT_S = {"gpu": 60.0, "dry": 120.0}
 #: Seconds the whole run may take on a GPU unless ``--budget`` says otherwise (the lent machine

@@ -163,39 +163,61 @@ def _doctor(report: Path) -> list[str]:
     ]
 
 
-def _job(case: str, root: Path, wall_out: Path) -> list[str]:
-    return [str(JOB), "--case", case, "--root", str(root), "--wall-out", str(wall_out)]
+def _job(
+    case: str, root: Path, wall_out: Path, device: str = "cpu", nodes: int | None = None
+) -> list[str]:
+    job = [str(JOB), "--case", case, "--root", str(root), "--wall-out", str(wall_out)]
+    if device != "cpu":
+        job += ["--device", device]
+    return job + ([] if nodes is None else ["--nodes", str(nodes)])
 
 
-def commands(case: str, tmp: Path) -> tuple[list[list[str]], Path, Path]:
-    """The commands of ``case`` under the doctor, rank 0's report and its fit seconds."""
-    report, wall_out, root = tmp / f"{case}.json", tmp / f"{case}.wall.json", tmp / case
+def commands(
+    case: str, tmp: Path, *, nodes: int | None = None, device: str = "cpu"
+) -> tuple[list[list[str]], Path, Path]:
+    """The commands of ``case`` under the doctor, rank 0's report and its fit seconds.
+
+    ``nodes``, when given, runs it as that many nodes of one rank each (1: one rank alone; more:
+    as many ``torchrun`` agents on this host); ``device="cuda"`` trains on the GPU
+    (``world_job.py --device``).
+    """
+    name = case if (device, nodes) == ("cpu", None) else f"{case}-{device}-{nodes}n"
+    report, wall_out, root = tmp / f"{name}.json", tmp / f"{name}.wall.json", tmp / name
     for stale in (report, wall_out):
         stale.unlink(missing_ok=True)
-    if CASES[case].nodes == 1:
-        cmd = [sys.executable, *_doctor(report), *_job(case, root, wall_out)]
-        return [cmd], report, wall_out
+    job = _job(case, root, wall_out, device, nodes)
+    nodes = CASES[case].nodes if nodes is None else nodes
+    if nodes == 1:
+        return [[sys.executable, *_doctor(report), *job]], report, wall_out
     port = _free_port()
     cmds = []
-    for node in range(CASES[case].nodes):
-        node_report = report if node == 0 else tmp / f"{case}.node{node}.json"
+    for node in range(nodes):
+        node_report = report if node == 0 else tmp / f"{name}.node{node}.json"
         torchrun = [
             sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(CASES[case].nodes), "--nproc-per-node", "1",
+            "--nnodes", str(nodes), "--nproc-per-node", "1",
             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
         ]  # fmt: skip
-        cmds.append([*torchrun, *_doctor(node_report), *_job(case, root, wall_out)])
+        cmds.append([*torchrun, *_doctor(node_report), *job])
     return cmds, report, wall_out
 
 
-def run_case(case: str, tmp: Path, keep: Path | None) -> dict[str, Any]:
+def run_case(
+    case: str,
+    tmp: Path,
+    keep: Path | None,
+    *,
+    nodes: int | None = None,
+    device: str = "cpu",
+    timeout: float = TIMEOUT_S,
+) -> dict[str, Any]:
     """Run ``case`` under the doctor: its warnings in the report's order and its world."""
     from lightning_speedpack.core.findings import findings_from_dicts
     from lightning_speedpack.doctor.grouping import presented
 
-    cmds, report, wall_out = commands(case, tmp)
+    cmds, report, wall_out = commands(case, tmp, nodes=nodes, device=device)
     start = time.perf_counter()
-    finished = run_together(cmds, TIMEOUT_S)
+    finished = run_together(cmds, timeout)
     seconds = time.perf_counter() - start
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
@@ -235,6 +257,7 @@ def run_case(case: str, tmp: Path, keep: Path | None) -> dict[str, Any]:
         ],
         "fit_s": fit_s,
         "seconds": seconds,
+        "report": str(report),
     }
 
 

@@ -116,6 +116,12 @@ def parse_output(text: str) -> dict[str, Any]:
     return {"failures": failures, "progress": progress}
 
 
+def _gist(failure: str) -> list[str]:
+    """A failure's first line (the error and an assertion's message) and its last, if other."""
+    lines = [line.strip() for line in failure.strip().splitlines() if line.strip()] or ["?"]
+    return [lines[0][:500]] + ([lines[-1][:200]] if len(lines) > 1 else [])
+
+
 def _command(junit: Path) -> list[str]:
     return [
         sys.executable,
@@ -197,14 +203,12 @@ def run(ctx: Context) -> list[dict[str, Any]]:
             )
         ]
     if bad:
-        tb = "; ".join(
-            f"{n}: {report['failures'].get(n, '').strip().splitlines()[-1:] or ['?']}" for n in bad
-        )
+        tb = "; ".join(f"{n}: {_gist(report['failures'].get(n, ''))}" for n in bad)
         return [
             result(
                 NAME,
                 "FAIL",
-                f"{summary or 'no counts'} (exit {code}, from {source}): {tb}"[:900],
+                f"{summary or 'no counts'} (exit {code}, from {source}): {tb}"[:1400],
                 "all pass",
                 **data,
             )

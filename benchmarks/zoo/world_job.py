@@ -37,6 +37,11 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
 ``--wall-out PATH`` (rank 0 only) writes the wall seconds of ``trainer.fit`` (``perf_counter``
 around the call; with Lightning's launcher it includes starting rank 1) and of the training loop
 alone (the module's ``on_train_start`` to ``on_train_end``) to PATH as JSON.
+
+``--device cuda`` (``benchmarks/gpu/check_world.py``) trains on the GPU, one device a process
+(``devices=1``): one rank alone gets NCCL (``strategy="ddp"``); with ``--nodes 2`` (two ``torchrun``
+agents on one host, both ranks on ``cuda:0``) the backend is gloo, since NCCL refuses two ranks of
+one communicator on the same GPU. ``--nodes 2`` runs any case as two nodes of one rank each.
 """
 
 from __future__ import annotations
@@ -267,7 +272,9 @@ class MLP(LightningModule):
         return DataLoader(Synthetic(SAMPLES), batch_size=BATCH, shuffle=True)
 
 
-def trainer_kwargs(case: str, root: Path) -> dict[str, Any]:
+def trainer_kwargs(
+    case: str, root: Path, device: str = "cpu", nodes: int | None = None
+) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "accelerator": "cpu",
         "devices": 2,
@@ -290,6 +297,17 @@ def trainer_kwargs(case: str, root: Path) -> dict[str, Any]:
         kwargs.update(devices=1, num_nodes=2)
     elif case == "comm-bound":
         kwargs.update(max_steps=WIDE_STEPS)
+    if nodes is not None:
+        kwargs.update(devices=1, num_nodes=nodes)
+    if device == "cuda":
+        kwargs.update(accelerator="gpu", devices=1)
+        if kwargs.get("num_nodes", 1) > 1:  # two ranks on cuda:0: NCCL would refuse them
+            from pytorch_lightning.strategies import DDPStrategy
+
+            unused = case == "find-unused"
+            kwargs["strategy"] = DDPStrategy(
+                process_group_backend="gloo", find_unused_parameters=unused
+            )
     return kwargs
 
 
@@ -298,10 +316,12 @@ def main() -> None:
     parser.add_argument("--case", required=True, choices=CASES)
     parser.add_argument("--wall-out", type=Path, help="(rank 0) write trainer.fit's seconds here")
     parser.add_argument("--root", type=Path, help="the Trainer's default_root_dir")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--nodes", type=int, help="run as this many nodes of one rank each")
     args = parser.parse_args()
     torch.set_num_threads(1)  # 2 ranks on 2 cores
     root = args.root or Path(tempfile.mkdtemp(prefix="world-job-"))
-    trainer = Trainer(**trainer_kwargs(args.case, root))
+    trainer = Trainer(**trainer_kwargs(args.case, root, args.device, args.nodes))
     model = MLP(args.case)
     start = time.perf_counter()
     trainer.fit(model)

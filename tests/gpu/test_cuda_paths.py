@@ -200,10 +200,22 @@ class _Hungry(LightningModule):
         self.per_sample = per_sample
         self.layer = nn.Linear(4, 1)
         self.data = TensorDataset(torch.randn(512, 4))
+        #: (batch, bytes asked, CUDA's free bytes, reserved, allocated, the error if any) per
+        #: step: the failure message says why a size did or did not fit on that card.
+        self.seen: list[tuple[int, int, int, int, int, str]] = []
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         (x,) = batch
-        scratch = torch.empty(x.shape[0] * self.per_sample, dtype=torch.uint8, device=x.device)
+        asked = x.shape[0] * self.per_sample
+        free, _ = torch.cuda.mem_get_info()
+        held = (torch.cuda.memory_reserved(), torch.cuda.memory_allocated())
+        state = (x.shape[0], asked, free, *held)
+        try:
+            scratch = torch.empty(asked, dtype=torch.uint8, device=x.device)
+        except torch.cuda.OutOfMemoryError as err:
+            self.seen.append((*state, str(err).splitlines()[0][:120]))
+            raise
+        self.seen.append((*state, ""))
         del scratch
         return self.layer(x).square().mean()
 
@@ -224,8 +236,9 @@ def test_batch_size_tuner_stops_at_a_real_cuda_oom(tmp_path: Path) -> None:
     model = _Hungry(per_sample)
     _quiet_trainer(tmp_path, max_steps=1, callbacks=[tuner]).fit(model)
     tried = {t.batch_size: t.fits for t in tuner.trials}
-    assert tried[8], tried
-    assert tried[16], tried
-    assert not tried[32], tried
-    assert tuner.batch_size == 16
-    assert model.batch_size == 16
+    why = f"trials {tried}; per sample {per_sample:,} B of {free:,} B free; steps {model.seen}"
+    assert tried[8], why
+    assert tried[16], why
+    assert not tried[32], why
+    assert tuner.batch_size == 16, why
+    assert model.batch_size == 16, why
