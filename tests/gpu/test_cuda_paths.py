@@ -213,7 +213,14 @@ class _Hungry(LightningModule):
         try:
             scratch = torch.empty(asked, dtype=torch.uint8, device=x.device)
         except torch.cuda.OutOfMemoryError as err:
-            self.seen.append((*state, str(err).splitlines()[0][:120]))
+            # Segments over 1 GiB, (size, allocated): a large segment of an earlier trial kept by
+            # a small allocation in it (a cuBLAS workspace, say) cannot go back to the driver.
+            big = [
+                (seg["total_size"], seg["allocated_size"])
+                for seg in torch.cuda.memory_snapshot()
+                if seg["total_size"] > 1 << 30
+            ]
+            self.seen.append((*state, f"{str(err).splitlines()[0][:120]}; segments {big}"))
             raise
         self.seen.append((*state, ""))
         del scratch
