@@ -14,12 +14,19 @@ as a user would write it. Both pipelines train the same model on the same JPEG f
 ``--result PATH`` gets the job's own clock: the seconds of ``trainer.fit`` (a
 ``torch.cuda.synchronize()`` at its end), the samples it trained and where the cache lived.
 
+``--pairs N`` (the fixed pipeline) measures what the doctor costs this job, in this one process:
+after one untimed fit, ``N`` rounds of one fit plain and one under the doctor's default set
+(:class:`~lightning_speedpack.doctor.runner.DoctorSession`, as ``speedpack doctor`` attaches it),
+the order swapped every round, each with a new Trainer, model and DataLoader (its workers started
+anew, as in any fit); ``--result`` then gets both lists of ``trainer.fit`` seconds.
+
     PYTHONPATH=. python benchmarks/gpu/jobs/doctor_job.py --pipeline slow --data-dir DIR ...
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
@@ -35,6 +42,13 @@ from torch.utils.data import DataLoader
 from benchmarks.gpu._vision import JpegFiles, build_net, to_float
 
 MIN_SHM_FOR_WORKERS = 1 << 30
+
+
+def _doctor() -> Any:
+    """The doctor's default set attached to the Trainers built inside (a context manager)."""
+    from lightning_speedpack.doctor.runner import DoctorSession
+
+    return DoctorSession().installed()
 
 
 class Classifier(pl.LightningModule):
@@ -80,7 +94,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="list the files this often")
     parser.add_argument("--workers", type=int, default=4, help="the fixed pipeline's workers")
     parser.add_argument("--result", type=Path, default=None)
+    parser.add_argument("--pairs", type=int, default=0, help="plain/doctor rounds (fixed only)")
     args = parser.parse_args()
+    if args.pairs and args.pipeline != "fixed":
+        parser.error("--pairs measures the fixed pipeline")
     gpu = args.accelerator == "gpu"
     dry = not gpu
     if dry:
@@ -98,34 +115,55 @@ def main() -> None:
         fill_s = time.perf_counter() - start
         shm_free = shutil.disk_usage("/dev/shm").free if Path("/dev/shm").exists() else 0
         workers = args.workers if shm_free >= MIN_SHM_FOR_WORKERS else 0
-    loader = DataLoader(
-        cache if cache is not None else dataset,
-        batch_size=args.batch,
-        shuffle=True,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        pin_memory=fixed and gpu,
-    )
-    model = Classifier(dry, args.classes, channels_last=fixed and gpu)
+    data = cache if cache is not None else dataset
     precision = "bf16-mixed" if fixed and gpu else "32-true"
-    trainer = pl.Trainer(
-        accelerator=args.accelerator,
-        devices=1,
-        max_epochs=args.epochs,
-        precision=precision,  # type: ignore[arg-type]
-        benchmark=fixed and gpu,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    start = time.perf_counter()
-    trainer.fit(model, loader)
-    if gpu:
-        torch.cuda.synchronize()
-    fit_s = time.perf_counter() - start
-    samples = len(loader.dataset) * args.epochs  # type: ignore[arg-type]
+
+    def fit(doctor: bool = False, epochs: int = args.epochs) -> tuple[float, str]:
+        """One fit (under the doctor's default set if ``doctor``): its seconds, the model."""
+        loader = DataLoader(
+            data,
+            batch_size=args.batch,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=fixed and gpu,
+        )
+        model = Classifier(dry, args.classes, channels_last=fixed and gpu)
+        with _doctor() if doctor else contextlib.nullcontext():
+            trainer = pl.Trainer(
+                accelerator=args.accelerator,
+                devices=1,
+                max_epochs=epochs,
+                precision=precision,  # type: ignore[arg-type]
+                benchmark=fixed and gpu,
+                logger=False,
+                enable_progress_bar=False,
+                enable_checkpointing=False,
+                enable_model_summary=False,
+                num_sanity_val_steps=0,
+            )
+        start = time.perf_counter()
+        trainer.fit(model, loader)
+        if gpu:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        del loader, trainer  # persistent workers exit before the cache closes
+        return seconds, model.description
+
+    if args.pairs:
+        fit(epochs=1)  # untimed: cuDNN's autotuning, the first kernels
+        fits: dict[str, list[float]] = {"plain": [], "doctor": []}
+        for i in range(args.pairs):
+            for doctor in (False, True) if i % 2 == 0 else (True, False):
+                fits["doctor" if doctor else "plain"].append(fit(doctor)[0])
+            if args.result is not None:  # after each round: a killed job keeps its rounds
+                args.result.write_text(json.dumps({"pipeline": "fixed", "pairs": fits}))
+        if cache is not None:
+            cache.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    fit_s, description = fit()
+    samples = len(data) * args.epochs
     if args.result is not None:
         args.result.write_text(
             json.dumps(
@@ -138,11 +176,10 @@ def main() -> None:
                     "workers": workers,
                     "storage": storage,
                     "precision": precision,
-                    "model": model.description,
+                    "model": description,
                 }
             )
         )
-    del loader, trainer  # persistent workers exit before the cache closes
     if cache is not None:
         cache.close()
     shutil.rmtree(tmp, ignore_errors=True)
