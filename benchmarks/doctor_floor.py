@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -123,10 +124,10 @@ def main() -> None:
     samples = alternate_samples(
         {v: (lambda v=v: step_ms(v, args.steps)) for v in VARIANTS}, args.repeats
     )
-    plain = sorted(samples["plain"])[len(samples["plain"]) // 2]
+    plain = statistics.median(samples["plain"])
     rows = []
     for variant in VARIANTS:
-        median = sorted(samples[variant])[len(samples[variant]) // 2]
+        median = statistics.median(samples[variant])
         ratio = paired_ratio(samples, variant, "plain")
         rows.append([variant, f"{median:.3f}", f"{median - plain:+.3f}", f"{ratio:.3f}x"])
     print_table(
