@@ -8,9 +8,9 @@ and the :class:`~lightning_speedpack.core.profiler_tap.FetchTimer` tapped onto
 the hooks need is resolved once per fit (the batch-size, items and FLOPs functions, the logging
 cadence, the rank); ``trainer.global_step`` (a chain of properties) is read only on the batches
 where it can have reached a logging step. Logging steps do the rest: rates over the window, one
-small all-reduce under DDP, system statistics. The maths lives in
-:mod:`~lightning_speedpack.throughput.rates`, the W&B and system glue in
-:mod:`~lightning_speedpack.throughput.system`, the doctor's finding in
+small all-reduce under DDP (none with ``world_combine="end"``: one at the train end), system
+statistics. The maths lives in :mod:`~lightning_speedpack.throughput.rates`, the W&B and system
+glue in :mod:`~lightning_speedpack.throughput.system`, the doctor's finding in
 :mod:`~lightning_speedpack.throughput.diagnosis`.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from typing_extensions import override
@@ -41,19 +41,19 @@ from lightning_speedpack.throughput.diagnosis import (
 from lightning_speedpack.throughput.metrics import metric_keys, run_figures, throughput_metrics
 from lightning_speedpack.throughput.options import check_args, describe
 from lightning_speedpack.throughput.rates import StepClock, WindowRates
+from lightning_speedpack.throughput.system import device_peak_flops as _device_peak_flops
+from lightning_speedpack.throughput.system import local_cuda_indices as _local_cuda_indices
 
 # `_device_peak_flops` and `_local_cuda_indices` are looked up here at call time: tests (and
 # users without a GPU) replace them on this module to inject devices.
 from lightning_speedpack.throughput.system import (
-    cpu_stats,
     prime_cpu_stats,
     start_nvml_sampler,
+    system_metrics,
     wandb_setup,
     wandb_summary,
 )
-from lightning_speedpack.throughput.system import device_peak_flops as _device_peak_flops
-from lightning_speedpack.throughput.system import local_cuda_indices as _local_cuda_indices
-from lightning_speedpack.throughput.world import combine_over_ranks
+from lightning_speedpack.throughput.world import DeferredWindows, combine_over_ranks
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -78,7 +78,9 @@ class ThroughputLogger(Callback):
     it records without the logger. Under DDP nothing crosses ranks per step; on logging steps
     one all-reduce of a small float64 tensor sums what each rank processed (the world's
     samples/s is the sum over ranks, not rank 0 times the world size). Under DDP the logging
-    steps are at least :attr:`world_log_floor` steps apart (1 unless set: the doctor sets 50).
+    steps are at least :attr:`world_log_floor` steps apart (1 unless set). With
+    ``world_combine="end"`` (the doctor's) no rank waits for another in the loop: one
+    all-reduce at the end of training sums every logging step's figures at once.
 
     Rank policy: measures on every rank (each rank listens to its own ``trainer.profiler`` from
     ``setup`` until ``teardown`` or an exception, and leaves nothing on it afterwards); logs on
@@ -130,6 +132,11 @@ class ThroughputLogger(Callback):
         prefix: prefix of the throughput keys.
         strict: (keyword-only) raise ``BatchSizeError`` at the first batch whose size cannot
             be read, instead of counting batches.
+        world_combine: (keyword-only) under DDP, when the ranks' figures are summed: ``"log"``
+            (each logging step: one small all-reduce, and the loggers get the world's figures
+            live) or ``"end"`` (once, at the end of training, for every logging step: no
+            collective in the training loop; the loggers get the series when training ends).
+            One process: no difference.
         collective_timeout: (keyword-only) seconds the DDP world combine may wait for the other
             ranks; default ``LIGHTNING_SPEEDPACK_COLLECTIVE_TIMEOUT`` or 300 s, never above the
             process group's timeout. A rank that died or is stuck makes the others raise
@@ -137,7 +144,8 @@ class ThroughputLogger(Callback):
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: ``window``, ``log_every_n_steps`` or ``flops_per_batch`` is out of range.
+        ValueError: ``window``, ``log_every_n_steps``, ``flops_per_batch`` or ``world_combine``
+            is out of range.
         BatchSizeError: (at the first batch, with ``strict=True`` only) the batch's size cannot
             be read; the message names the argument that supplies it.
 
@@ -167,6 +175,7 @@ class ThroughputLogger(Callback):
         prefix: str = "throughput/",
         *,
         strict: bool = False,
+        world_combine: Literal["log", "end"] = "log",
         collective_timeout: float | None = None,
     ) -> None:
         check_args(
@@ -175,6 +184,9 @@ class ThroughputLogger(Callback):
         if not isinstance(strict, bool):
             raise TypeError(f"`strict` must be a bool, got {strict!r}")
         self.strict = strict
+        if world_combine not in ("log", "end"):
+            raise ValueError(f"`world_combine` must be 'log' or 'end', got {world_combine!r}")
+        self.world_combine: Literal["log", "end"] = world_combine
         if collective_timeout is not None:
             collective_timeout = validate_timeout("collective_timeout", collective_timeout)
         self.collective_timeout = collective_timeout
@@ -198,6 +210,8 @@ class ThroughputLogger(Callback):
         self._peak: float | None = None
         self._world_size = 1
         self._global_zero = True
+        self._deferred: DeferredWindows | None = None  # world_combine="end" under DDP
+        self._world_total: WindowRates | None = None  # the run's, summed with the deferred ones
         self._num_workers: int | None = None
         self._dataset_location: str | None = None
         # Resolved once per fit (setup, on_train_start): the hot path reads only these.
@@ -230,14 +244,8 @@ class ThroughputLogger(Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         self._locate_dataset()
-        state = self.__dict__.copy()
-        state["_sampler"] = None
-        state["_flop_mode"] = None
-        state["_getitem"] = None
-        state["_verdicts"] = None
-        state["_fetches"] = None
-        state["_watched"] = None
-        return state
+        runtime = ("_sampler", "_flop_mode", "_getitem", "_verdicts", "_fetches", "_watched")
+        return {**self.__dict__, **dict.fromkeys(runtime)}
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -267,12 +275,15 @@ class ThroughputLogger(Callback):
         self._last_logged_step = -1
         self._world_size = trainer.world_size
         self._global_zero = trainer.is_global_zero
+        self._deferred = (
+            DeferredWindows() if self.world_combine == "end" and self._world_size > 1 else None
+        )
+        self._world_total = None
         self._data_verdict = None
-        self._close_verdicts()
+        self._release(trainer)  # whatever a fit that did not end left
         self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_data_verdict)
         self._peak = _device_peak_flops(trainer)
         self._keys = metric_keys(self.prefix)
-        self._unwatch()
         self._sizer = None
         if self.batch_size_fn is not None:
             self._size_fn = self.batch_size_fn
@@ -307,9 +318,9 @@ class ThroughputLogger(Callback):
         else:
             self._flops = float(spec) if isinstance(spec, (int, float)) else 0.0
         self._every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        if self._world_size > 1:
+        if self._world_size > 1 and self._deferred is None:
             # Each logging step is an all-reduce that lines the ranks up; a floor keeps a
-            # short window (the doctor's 10 steps) from adding one every few steps.
+            # short cadence from adding one every few steps ("end" adds none in the loop).
             self._every = max(self._every, self.world_log_floor)
         # Under automatic optimization the global step grows by at most one per batch, which
         # lets the end hook skip reading it until it can reach the next logging step.
@@ -374,10 +385,18 @@ class ThroughputLogger(Callback):
             step = trainer.global_step
             if step != self._last_logged_step:
                 self._log(trainer, pl_module, step)
+        if self._deferred is not None:
+            self._flush(trainer, pl_module, self._deferred)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        world = self._combine(trainer, pl_module, self._clock.total_rates(), [])[0]
+        world = (
+            self._world_total
+            if self._deferred is not None  # summed with the logging steps' at the train end
+            else combine_over_ranks(
+                trainer, pl_module.device, self._clock.total_rates(), [], self.collective_timeout
+            )[0]
+        )
         if world is not None:
             self._run_figures = run_figures(world, self._peak, self._world_size)
         peak_mem = self._sampler.peak_mem_used_gb if self._sampler is not None else None
@@ -391,32 +410,26 @@ class ThroughputLogger(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._close_flop_mode()
-        self._stop_sampler()
-        self._close_verdicts()
-        self._stop_listening(trainer)
-        self._unwatch()
+        self._release(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release(trainer)
+
+    def _release(self, trainer: pl.Trainer) -> None:
+        """Leave nothing behind: the FLOP counter, NVML's thread, subscriptions, the tap."""
         self._close_flop_mode()
         self._stop_sampler()
-        self._close_verdicts()
+        if self._verdicts is not None:
+            self._verdicts.close()
+            self._verdicts = None
         self._stop_listening(trainer)
-        self._unwatch()
-
-    def _on_data_verdict(self, verdict: events.DataVerdict) -> None:
-        self._data_verdict = verdict
-
-    def _unwatch(self) -> None:
         module, self._watched = self._watched, None
         if module is not None:
             unwatch(module)
 
-    def _close_verdicts(self) -> None:
-        if self._verdicts is not None:
-            self._verdicts.close()
-            self._verdicts = None
+    def _on_data_verdict(self, verdict: events.DataVerdict) -> None:
+        self._data_verdict = verdict
 
     # ---- doctor ----------------------------------------------------------------------------
 
@@ -478,23 +491,41 @@ class ThroughputLogger(Callback):
         # The next multiple of `every` is at least this many batches away.
         self._countdown = 0 if self._every_batch else every - step % every
 
-    def _combine(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        local: WindowRates | None,
-        extra: list[float],
-    ) -> tuple[WindowRates | None, list[float]]:
-        """Sum ``local`` rates (and ``extra`` values) over ranks with one bounded all-reduce."""
-        return combine_over_ranks(trainer, pl_module.device, local, extra, self.collective_timeout)
-
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
         clock = self._clock
         self._last_logged_step = step
         self._logged_batches = clock.batches
         local = clock.window_rates()
         self.last_local = local
-        world, (samples, batches) = self._combine(trainer, pl_module, local, clock.totals()[:2])
+        if self._deferred is not None:  # summed over ranks at the end of training
+            self._deferred.keep(step, local, clock.totals()[:2], self._system(trainer))
+            return
+        world, (samples, batches) = combine_over_ranks(
+            trainer, pl_module.device, local, clock.totals()[:2], self.collective_timeout
+        )
+        self._emit(trainer, step, world, samples, batches, self._system(trainer))
+
+    def _flush(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, kept: DeferredWindows
+    ) -> None:
+        """Sum the kept logging steps and the run's totals over ranks (one all-reduce); log them."""
+        total, timeout = self._clock.total_rates(), self.collective_timeout
+        for step, world, samples, batches, system in kept.combine(
+            trainer, pl_module.device, total, timeout
+        ):
+            self._emit(trainer, step, world, samples, batches, system)
+        self._world_total = kept.world_total
+
+    def _emit(
+        self,
+        trainer: pl.Trainer,
+        step: int,
+        world: WindowRates | None,
+        samples: float,
+        batches: float,
+        system: dict[str, float],
+    ) -> None:
+        """One logging step's world figures: into the series, and (rank 0) to the loggers."""
         if world is None:
             return
         metrics = throughput_metrics(
@@ -510,13 +541,9 @@ class ThroughputLogger(Callback):
         self._over_steps.append([step, world.samples_per_sec])
         if not self._global_zero:
             return
-        if self._sampler is not None:
-            metrics.update(_nvml.summarize(self._sampler.read()))
-        loggers = trainer.loggers
-        if self.gpu_stats and loggers:  # psutil costs ~50 us: read only what a logger gets
-            metrics.update(cpu_stats())
+        metrics.update(system)
         self.last_metrics = metrics
-        for logger in loggers:
+        for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
     def _locate_dataset(self) -> str | None:
@@ -537,9 +564,14 @@ class ThroughputLogger(Callback):
         if fetches is not None:
             untap(trainer, fetches)
 
+    def _system(self, trainer: pl.Trainer) -> dict[str, float]:
+        return system_metrics(
+            self._sampler, self.gpu_stats and bool(trainer.loggers), self._global_zero
+        )
+
     def _stop_sampler(self) -> None:
-        sampler, self._sampler = self._sampler, None
-        if sampler is not None:
+        if (sampler := self._sampler) is not None:
+            self._sampler = None
             sampler.stop()
 
     def _close_flop_mode(self) -> None:
@@ -560,11 +592,9 @@ class ThroughputLogger(Callback):
 
 
 def _doctor_throughput(_ctx: Any) -> ThroughputLogger:
-    logger = ThroughputLogger(log_every_n_steps=10, window=10)
-    # Under DDP, combine over ranks every 50 steps, not 10: on the DDP zoo's clean 1 ms-step
-    # job the combine was the pack's largest per-step cost (4% of rank 0's training loop).
-    logger.world_log_floor = 50
-    return logger
+    # Under DDP, one combine over ranks at the end of training, none in the loop: a combine
+    # every 10 steps was 4% of rank 0's loop on the DDP zoo's clean 1 ms-step job.
+    return ThroughputLogger(log_every_n_steps=10, window=10, world_combine="end")
 
 
 register_diagnostic("throughput", ThroughputLogger, factory=_doctor_throughput, order=10)

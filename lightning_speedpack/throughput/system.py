@@ -26,6 +26,7 @@ __all__ = [
     "local_cuda_indices",
     "prime_cpu_stats",
     "start_nvml_sampler",
+    "system_metrics",
     "wandb_runs",
     "wandb_setup",
     "wandb_summary",
@@ -80,6 +81,25 @@ def cpu_stats() -> dict[str, float]:
         "system/cpu_util": float(psutil.cpu_percent(interval=None)),
         "system/ram_used_gb": psutil.virtual_memory().used / 1e9,
     }
+
+
+def system_metrics(
+    sampler: nvml.NvmlSampler | None, cpu: bool, global_zero: bool
+) -> dict[str, float]:
+    """Rank 0's NVML figures since the sampler's last read, and psutil's if ``cpu``.
+
+    Example:
+        >>> system_metrics(None, cpu=False, global_zero=True)
+        {}
+    """
+    metrics: dict[str, float] = {}
+    if not global_zero:
+        return metrics
+    if sampler is not None:
+        metrics.update(nvml.summarize(sampler.read()))
+    if cpu:  # psutil costs ~50 us: read only what a logger gets
+        metrics.update(cpu_stats())
+    return metrics
 
 
 def wandb_runs(trainer: pl.Trainer) -> list[Any]:

@@ -609,20 +609,42 @@ class RankSizedModel(TimedModel):
         return DataLoader(SleepyDataset(8 * batch_size), batch_size=batch_size)
 
 
-def _ddp_fit(tmp: str, floor: int = 1) -> dict[str, Any]:
+def _ddp_fit(tmp: str, floor: int = 1, combine: str = "log") -> dict[str, Any]:
+    from lightning_speedpack.throughput import world
+
     logger = MemoryLogger()
-    callback = ThroughputLogger(window=4, log_every_n_steps=4, gpu_stats=False)
+    callback = ThroughputLogger(
+        window=4, log_every_n_steps=4, gpu_stats=False, world_combine=combine
+    )
     callback.world_log_floor = floor
+    ended: list[bool] = []
+
+    class TrainEnd(Callback):  # before the logger: its on_train_end runs first
+        def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+            ended.append(True)
+
     trainer = Trainer(
-        callbacks=[callback],
+        callbacks=[TrainEnd(), callback],
         use_distributed_sampler=False,
         **quiet_trainer_kwargs(tmp, devices=2, strategy="ddp", max_steps=8, logger=logger),
     )
-    trainer.fit(RankSizedModel(step_delay=0.005))
+    collectives: list[tuple[int, bool]] = []  # (global step, before training ended)
+    reduce = world.bounded_all_reduce
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        collectives.append((trainer.global_step, not ended))
+        return reduce(*args, **kwargs)
+
+    world.bounded_all_reduce = counted  # type: ignore[assignment]
+    try:
+        trainer.fit(RankSizedModel(step_delay=0.005))
+    finally:
+        world.bounded_all_reduce = reduce  # type: ignore[assignment]
     local = callback.last_local
     assert local is not None
     return {
         "rank": trainer.global_rank,
+        "collectives": collectives,
         "rows": logger.rows,
         "local": local.samples_per_sec,
         "local_batches": local.batches_per_sec,
@@ -657,6 +679,56 @@ def test_ddp_logging_steps_keep_the_world_floor_apart(tmp_path: Path) -> None:
     rank0, _ = run_ddp(functools.partial(_ddp_fit, floor=8), str(tmp_path), timeout=200)
     assert [step for step, _ in rank0["rows"]] == [8]
     assert rank0["rows"][0][1][f"{P}samples"] == 8 * 4 + 8 * 12
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_ddp_world_combine_at_the_end_adds_no_collective_to_the_loop(tmp_path: Path) -> None:
+    each_log = run_ddp(_ddp_fit, str(tmp_path / "log"), timeout=200)
+    at_end = run_ddp(functools.partial(_ddp_fit, combine="end"), str(tmp_path / "end"), timeout=200)
+    # "log": one all-reduce at each logging step (4, 8) and one at fit end, on every rank.
+    assert [len(r["collectives"]) for r in each_log] == [3, 3]
+    # "end": a single one, once the last batch has run; the same figures reach the logger.
+    for rank in at_end:
+        assert len(rank["collectives"]) == 1
+        step, in_loop = rank["collectives"][0]
+        assert step == 8
+        assert not in_loop
+    rank0, rank1 = at_end
+    assert rank1["rows"] == []
+    assert [step for step, _ in rank0["rows"]] == [4, 8]
+    logged = rank0["rows"][-1][1]
+    assert logged[f"{P}samples"] == 8 * 4 + 8 * 12
+    assert logged[f"{P}samples_per_sec"] == pytest.approx(rank0["local"] + rank1["local"])
+    ends = [dict(r["rows"])[8] for r in (each_log[0], rank0)]
+    assert set(ends[0]) == set(ends[1])  # the same keys as when combined live
+    assert rank0["figures"]["samples_per_sec"] == pytest.approx(rank1["figures"]["samples_per_sec"])
+    series = rank0["figures"]["samples_per_sec_over_steps"]
+    assert [step for step, _ in series] == [4, 8]
+    assert series == rank1["figures"]["samples_per_sec_over_steps"]
+
+
+def test_world_combine_is_checked() -> None:
+    with pytest.raises(ValueError, match="`world_combine` must be 'log' or 'end', got 'each'"):
+        ThroughputLogger(world_combine="each")  # type: ignore[arg-type]
+
+
+def test_world_combine_at_the_end_logs_live_in_one_process(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    class Watch(Callback):
+        def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+            seen.extend(step for step, _ in logger.rows)  # logged before training ended
+
+    logger = MemoryLogger()
+    callback = ThroughputLogger(window=4, log_every_n_steps=4, gpu_stats=False, world_combine="end")
+    trainer = Trainer(
+        callbacks=[Watch(), callback],
+        **quiet_trainer_kwargs(str(tmp_path), max_steps=8, logger=logger),
+    )
+    trainer.fit(TimedModel())
+    assert seen == [4, 8]
+    assert [step for step, _ in logger.rows] == [4, 8]
 
 
 def test_the_world_floor_leaves_a_single_process_fit_alone(tmp_path: Path) -> None:

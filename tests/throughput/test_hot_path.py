@@ -129,14 +129,13 @@ def test_cpu_stats_are_read_only_for_a_logger(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
+    read = system.cpu_stats
 
     def counting() -> dict[str, float]:
         calls.append("read")
-        return system.cpu_stats()
+        return read()
 
-    from lightning_speedpack.throughput import callback as throughput_module
-
-    monkeypatch.setattr(throughput_module, "cpu_stats", counting)
+    monkeypatch.setattr(system, "cpu_stats", counting)
     callback = ThroughputLogger(window=2, log_every_n_steps=2)
     Trainer(callbacks=[callback], **quiet_trainer_kwargs(tmp_path, max_steps=6)).fit(BoringModel())
     assert calls == []  # logger=False: nobody receives system/*
