@@ -8,10 +8,8 @@ and the :class:`~lightning_speedpack.core.profiler_tap.FetchTimer` tapped onto
 the hooks need is resolved once per fit (the batch-size, items and FLOPs functions, the logging
 cadence, the rank); ``trainer.global_step`` (a chain of properties) is read only on the batches
 where it can have reached a logging step. Logging steps do the rest: rates over the window, one
-small all-reduce under DDP (none with ``world_combine="end"``: one at the train end), system
-statistics. The maths lives in :mod:`~lightning_speedpack.throughput.rates`, the W&B and system
-glue in :mod:`~lightning_speedpack.throughput.system`, the doctor's finding in
-:mod:`~lightning_speedpack.throughput.diagnosis`.
+small all-reduce under DDP (``world_combine="end"``: at the train end), system statistics. Maths:
+:mod:`~lightning_speedpack.throughput.rates`; W&B, system: ``.system``; finding: ``.diagnosis``.
 """
 
 from __future__ import annotations
@@ -78,9 +76,8 @@ class ThroughputLogger(Callback):
     it records without the logger. Under DDP nothing crosses ranks per step; on logging steps
     one all-reduce of a small float64 tensor sums what each rank processed (the world's
     samples/s is the sum over ranks, not rank 0 times the world size). Under DDP the logging
-    steps are at least :attr:`world_log_floor` steps apart (1 unless set). With
-    ``world_combine="end"`` (the doctor's) no rank waits for another in the loop: one
-    all-reduce at the end of training sums every logging step's figures at once.
+    steps are at least :attr:`world_log_floor` steps apart (1 unless set); ``world_combine``
+    below sums them at the end of training instead (the doctor's choice).
 
     Rank policy: measures on every rank (each rank listens to its own ``trainer.profiler`` from
     ``setup`` until ``teardown`` or an exception, and leaves nothing on it afterwards); logs on
@@ -134,9 +131,9 @@ class ThroughputLogger(Callback):
             be read, instead of counting batches.
         world_combine: (keyword-only) under DDP, when the ranks' figures are summed: ``"log"``
             (each logging step: one small all-reduce, and the loggers get the world's figures
-            live) or ``"end"`` (once, at the end of training, for every logging step: no
-            collective in the training loop; the loggers get the series when training ends).
-            One process: no difference.
+            live) or ``"end"`` (once, at the end of training, for every logging step, and every
+            1000 logging steps on a long run; the loggers get the series then). One process:
+            no difference.
         collective_timeout: (keyword-only) seconds the DDP world combine may wait for the other
             ranks; default ``LIGHTNING_SPEEDPACK_COLLECTIVE_TIMEOUT`` or 300 s, never above the
             process group's timeout. A rank that died or is stuck makes the others raise
@@ -499,6 +496,8 @@ class ThroughputLogger(Callback):
         self.last_local = local
         if self._deferred is not None:  # summed over ranks at the end of training
             self._deferred.keep(step, local, clock.totals()[:2], self._system(trainer))
+            if self._deferred.full:  # a long run: sum now (every rank is at this step)
+                self._flush(trainer, pl_module, self._deferred)
             return
         world, (samples, batches) = combine_over_ranks(
             trainer, pl_module.device, local, clock.totals()[:2], self.collective_timeout

@@ -2,8 +2,8 @@
 
 Called on logging steps and at fit end only, on every rank at the same step; with
 ``ThroughputLogger(world_combine="end")`` once, at the end of training, for every logging step
-at once. The world's
-samples/s is the sum of what each rank processed (not rank 0 times the world size); the
+at once (and every :data:`KEEP_AT_MOST` logging steps on a long run). The world's samples/s is
+the sum of what each rank processed (not rank 0 times the world size); the
 maths is :func:`~lightning_speedpack.throughput.rates.combine_ranks`. The all-reduce is the
 pack's bounded one: a rank that died or is stuck makes the others raise
 ``CollectiveTimeoutError`` naming the step, instead of hanging.
@@ -22,7 +22,12 @@ from lightning_speedpack.throughput.rates import RATE_FIELDS, WindowRates, combi
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-__all__ = ["DeferredWindows", "combine_over_ranks", "combine_rows_over_ranks"]
+__all__ = ["KEEP_AT_MOST", "DeferredWindows", "combine_over_ranks", "combine_rows_over_ranks"]
+
+#: ``world_combine="end"`` keeps at most this many logging steps (~0.5 kB each) before it sums
+#: them over ranks: on a long run, one all-reduce per this many logging steps (every 10,000
+#: steps at the doctor's 10-step cadence), at the same step on every rank.
+KEEP_AT_MOST = 1000
 
 
 def combine_over_ranks(
@@ -91,7 +96,7 @@ class DeferredWindows:
 
     ``ThroughputLogger(world_combine="end")``: no rank waits for another in the training loop.
     Every rank keeps the same logging steps (they are global steps), so every rank passes as
-    many rows to the one all-reduce.
+    many rows to the one all-reduce; :attr:`full` at the same step on every rank.
 
     Example:
         >>> class OneRank: world_size = 1
@@ -117,6 +122,11 @@ class DeferredWindows:
         """Keep one logging step's local figures (``totals``: samples and batches so far)."""
         self.kept.append((step, local, (float(totals[0]), float(totals[1])), system))
 
+    @property
+    def full(self) -> bool:
+        """:data:`KEEP_AT_MOST` steps kept: sum them now (a long run's memory stays bounded)."""
+        return len(self.kept) >= KEEP_AT_MOST
+
     def combine(
         self,
         trainer: pl.Trainer,
@@ -124,7 +134,7 @@ class DeferredWindows:
         total: WindowRates | None,
         timeout_s: float | None,
     ) -> list[tuple[int, WindowRates | None, float, float, dict[str, float]]]:
-        """Sum every kept step and the run's ``total`` rates in one all-reduce.
+        """Sum every kept step and the run's ``total`` rates in one all-reduce, and forget them.
 
         Returns ``(step, world rates, world samples, world batches, system metrics)`` per kept
         step; the world's total rates go to :attr:`world_total`.
@@ -136,7 +146,8 @@ class DeferredWindows:
         what = f"ThroughputLogger: world samples/s of {len(self.kept)} logging steps at train end"
         combined = combine_rows_over_ranks(trainer, device, rows, timeout_s, what)
         self.world_total = combined[-1][0]
+        kept, self.kept = self.kept, []
         return [
             (step, world, summed[0], summed[1], system)
-            for (step, _, _, system), (world, summed) in zip(self.kept, combined[:-1], strict=True)
+            for (step, _, _, system), (world, summed) in zip(kept, combined[:-1], strict=True)
         ]

@@ -609,9 +609,13 @@ class RankSizedModel(TimedModel):
         return DataLoader(SleepyDataset(8 * batch_size), batch_size=batch_size)
 
 
-def _ddp_fit(tmp: str, floor: int = 1, combine: str = "log") -> dict[str, Any]:
+def _ddp_fit(
+    tmp: str, floor: int = 1, combine: str = "log", keep_at_most: int | None = None
+) -> dict[str, Any]:
     from lightning_speedpack.throughput import world
 
+    if keep_at_most is not None:
+        world.KEEP_AT_MOST = keep_at_most  # this rank's process only
     logger = MemoryLogger()
     callback = ThroughputLogger(
         window=4, log_every_n_steps=4, gpu_stats=False, world_combine=combine
@@ -706,6 +710,23 @@ def test_ddp_world_combine_at_the_end_adds_no_collective_to_the_loop(tmp_path: P
     series = rank0["figures"]["samples_per_sec_over_steps"]
     assert [step for step, _ in series] == [4, 8]
     assert series == rank1["figures"]["samples_per_sec_over_steps"]
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_ddp_world_combine_at_the_end_keeps_a_bounded_number_of_steps(tmp_path: Path) -> None:
+    # A long run sums its kept steps every KEEP_AT_MOST logging steps (here 1: at each one),
+    # at the same step on every rank, and the figures are the same.
+    fit = functools.partial(_ddp_fit, combine="end", keep_at_most=1)
+    rank0, rank1 = run_ddp(fit, str(tmp_path), timeout=200)
+    for rank in (rank0, rank1):
+        assert rank["collectives"] == [(4, True), (8, True), (8, False)]
+    assert [step for step, _ in rank0["rows"]] == [4, 8]
+    assert rank0["rows"][-1][1][f"{P}samples"] == 8 * 4 + 8 * 12
+    assert (
+        rank0["figures"]["samples_per_sec_over_steps"]
+        == rank1["figures"]["samples_per_sec_over_steps"]
+    )
 
 
 def test_world_combine_is_checked() -> None:
