@@ -208,7 +208,6 @@ class ThroughputLogger(Callback):
         self._world_size = 1
         self._global_zero = True
         self._deferred: DeferredWindows | None = None  # world_combine="end" under DDP
-        self._world_total: WindowRates | None = None  # the run's, summed with the deferred ones
         self._num_workers: int | None = None
         self._dataset_location: str | None = None
         # Resolved once per fit (setup, on_train_start): the hot path reads only these.
@@ -275,7 +274,6 @@ class ThroughputLogger(Callback):
         self._deferred = (
             DeferredWindows() if self.world_combine == "end" and self._world_size > 1 else None
         )
-        self._world_total = None
         self._data_verdict = None
         self._release(trainer)  # whatever a fit that did not end left
         self._verdicts = events.subscribe(events.DATA_VERDICT, self._on_data_verdict)
@@ -388,7 +386,7 @@ class ThroughputLogger(Callback):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         world = (
-            self._world_total
+            self._deferred.world_total
             if self._deferred is not None  # summed with the logging steps' at the train end
             else combine_over_ranks(
                 trainer, pl_module.device, self._clock.total_rates(), [], self.collective_timeout
@@ -513,7 +511,6 @@ class ThroughputLogger(Callback):
             trainer, pl_module.device, total, timeout
         ):
             self._emit(trainer, step, world, samples, batches, system)
-        self._world_total = kept.world_total
 
     def _emit(
         self,
