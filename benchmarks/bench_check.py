@@ -316,6 +316,12 @@ def _doctor_cost() -> dict[str, float]:
     return {"doctor-cost": figures["default"]}
 
 
+def _doctor_lines() -> dict[str, float]:
+    import doctor_lines
+
+    return doctor_lines.quick_figures()
+
+
 def _world_cost() -> dict[str, float]:
     # The clean 2-rank job made 16 epochs long, so that the training loop is most of the fit.
     with tempfile.TemporaryDirectory(prefix="speedpack-bench-check-") as tmp:
@@ -350,6 +356,7 @@ GROUPS: dict[str, tuple[Callable[[], dict[str, float]], tuple[str, ...]]] = {
         ),
     ),
     "doctor-cost": (_doctor_cost, ("doctor-cost",)),
+    "doctor-lines": (_doctor_lines, ("doctor-lines-per-step",)),
     "world-cost": (_world_cost, ("ddp-doctor-loop-cost",)),
 }
 GROUP_OF = {figure: group for group, (_, figures) in GROUPS.items() for figure in figures}

@@ -105,7 +105,8 @@ class LossRetentionDetector(Callback):
     Args:
         mode: ``"warn"`` (one :class:`RetainedGraphWarning` per holder) or ``"error"`` (raise
             :class:`RetainedGraphError` naming the holder).
-        check_every_n_steps: run the cheap forward walk every this many training batches.
+        check_every_n_steps: run the cheap forward walk every this many training batches (and
+            on the first epoch's last batch, where a list emptied at each epoch's end is full).
         deep_scan_every_n_steps: scan the heap every this many batches (``0``: only at the end
             of training and on triggers). Scheduled and triggered scans are postponed while
             they would take more than 1% of the wall time since the previous one (a scan
@@ -191,6 +192,7 @@ class LossRetentionDetector(Callback):
         self._first_seq: int | None = None
         self._cache_refresh = 0
         self._module_cache: retention.ModuleCache = {}
+        self._epoch_end_walked = False  # the first epoch's last batch was walked
 
     @property
     def findings(self) -> list[RetainedGraph]:
@@ -251,8 +253,21 @@ class LossRetentionDetector(Callback):
             and step - self._last_deep_scan >= self.deep_scan_every_n_steps
         )
         deep = (outlived or self._memory_grew(pl_module) or scheduled) and self._affordable()
-        if deep or step % self.check_every_n_steps == 0:
+        if (
+            deep
+            or step % self.check_every_n_steps == 0
+            or self._first_epoch_ends(trainer, batch_idx)
+        ):
             self._check(trainer, pl_module, step, deep=deep)
+
+    def _first_epoch_ends(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+        # A list the model empties at each epoch's end (`self.outputs.clear()` in
+        # `on_train_epoch_end`) is full on the epoch's last batch: with a sparse walk, a fit
+        # shorter than `check_every_n_steps` batches would otherwise never see it.
+        if self._epoch_end_walked or batch_idx + 1 != trainer.num_training_batches:
+            return False
+        self._epoch_end_walked = True
+        return True
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -524,11 +539,12 @@ def _check_budget(value: object) -> None:
         )
 
 
-# Under the doctor a holder is reported at the end of the run (the end of training always walks),
-# so finding it within a few steps buys nothing there: its walk runs every 16th step (the walk was
-# the largest per-step cost of the doctor's default set: every 4th step, ~140 calls a step on the
-# DDP zoo's MLP); `--deep` walks every step, as the callback does by default.
-_DOCTOR_CHECK_EVERY = 16
+# Under the doctor a holder is reported at the end of the run (the end of training always walks,
+# and so does the first epoch's last batch, for a list emptied at each epoch's end), so finding
+# it within a few steps buys nothing there: its walk runs every 64th step. Every 16th, the walk
+# was the largest part of the doctor's own code a step on the DDP zoo's 1 ms MLP (~210 of ~2,400
+# interpreted lines a step); `--deep` walks every step, as the callback does by default.
+_DOCTOR_CHECK_EVERY = 64
 # Heap scans (~0.1 s each on a small heap) were the largest one-off costs of the doctor's
 # default set: there, none is scheduled during training, and the one at the end runs only within
 # 1% of the training time; `--deep` schedules one every 100 steps (within 1% of the wall time)
@@ -553,7 +569,7 @@ register_diagnostic(
     factory=_factory,
     order=30,
     deep_adds=(
-        "the walk for retained graphs on every step (by default every 16th) and the heap scan at"
+        "the walk for retained graphs on every step (by default every 64th) and the heap scan at"
         " the end of training within 5% of the training time (by default 1%), and one every 100"
         " steps within 1% of the wall time (by default none during training)"
     ),

@@ -491,8 +491,7 @@ class StepTimeline(Callback):
         self._step_open = False
 
     def _flat(self, phase: str, now: float | None = None, depth: int = 1) -> None:
-        self._ranges.pop_to(depth)
-        self._ranges.push(_RANGE[phase])
+        self._ranges.replace(depth, _RANGE[phase])
         self._clock.switch(phase, time.perf_counter() if now is None else now)
 
     def _enter(self, phase: str) -> None:

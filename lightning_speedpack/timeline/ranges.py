@@ -40,6 +40,7 @@ class RangeStack:
         self.nvtx = nvtx
         self.profiler = profiler
         self._open: list[record_function | None] = []
+        self._recorded = 0  # open entries that are real profiler ranges (not None)
 
     @property
     def depth(self) -> int:
@@ -52,9 +53,24 @@ class RangeStack:
         if self.profiler and _profiler_enabled():
             rf = record_function(name)
             rf.__enter__()  # type: ignore[no-untyped-call]
+            self._recorded += 1
         self._open.append(rf)
         if self.nvtx is not None:
             self.nvtx.push(nvtx_name or name)
+
+    def replace(self, depth: int, name: str) -> None:
+        """Close ranges until ``depth`` remain open, then open ``name`` (one call a phase)."""
+        if self.nvtx is None and not self._recorded:
+            # Nothing to close but placeholders: the usual case, with no profiler recording
+            # and no NVTX (several times a batch).
+            del self._open[depth:]
+            if self.profiler and _profiler_enabled():
+                self.push(name)
+            else:
+                self._open.append(None)
+            return
+        self.pop_to(depth)
+        self.push(name)
 
     def pop(self) -> None:
         """Close the innermost open range (no-op when none is open)."""
@@ -63,6 +79,7 @@ class RangeStack:
         rf = self._open.pop()
         try:
             if rf is not None:
+                self._recorded -= 1
                 rf.__exit__(None, None, None)
         finally:
             if self.nvtx is not None:
@@ -79,15 +96,20 @@ class RangeStack:
             return
         rf = self._open[-1]
         if rf is not None:
+            self._recorded -= 1
             rf.__exit__(None, None, None)
         renewed: record_function | None = None
         if self.profiler and _profiler_enabled():
             renewed = record_function(name)
             renewed.__enter__()  # type: ignore[no-untyped-call]
+            self._recorded += 1
         self._open[-1] = renewed
 
     def pop_to(self, depth: int) -> None:
         """Close ranges until ``depth`` remain open."""
+        if self.nvtx is None and not self._recorded:
+            del self._open[depth:]  # placeholders only
+            return
         while len(self._open) > depth:
             self.pop()
 

@@ -287,21 +287,21 @@ class WallTimeLedger(Callback):
 
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Charge a profiled action (see :mod:`~lightning_speedpack.core.profiler_tap`)."""
-        found = self._found(name)
+        found = self._keys.get(name) or self._found(name)  # a found pair is never empty
         if found is _IGNORED:
             return
         if found is _FETCHED:
             self._on_fetch(started, now, name)
             return
-        key, detail = found
-        if started:
-            if key == "batch_transfer" and self.ledger.top in ("validation", "sanity_check"):
-                return  # the validation loop's own copy is validation
-            if name == "save_checkpoint":
-                self.saves += 1
-            self.ledger.enter(now, key, token=name, detail=detail)
-        else:
+        if not started:
             self.ledger.leave(now, name)
+            return
+        key, detail = found
+        if key == "batch_transfer" and self.ledger.top in ("validation", "sanity_check"):
+            return  # the validation loop's own copy is validation
+        if name == "save_checkpoint":
+            self.saves += 1
+        self.ledger.enter(now, key, token=name, detail=detail)
 
     def _on_fetch(self, started: bool, now: float, name: str) -> None:
         if started:

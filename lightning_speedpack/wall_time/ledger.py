@@ -96,19 +96,34 @@ class Ledger:
 
     def enter(self, now: float, key: str, *, token: str, detail: str = "") -> None:
         """Open a bracket charged to ``key`` (or to the enclosing absorbing part)."""
-        if not self.is_open:
+        # Called twice for each bracketed action, tens of times a batch: `_charge` inlined.
+        if self.started is None or self.ended is not None:
             return
-        self._charge(now)
-        if self._stack and self._stack[-1][0] in ABSORBING:
-            key, detail = self._stack[-1][0], self._stack[-1][1]
-        self._stack.append((key, detail, token))
+        stack = self._stack
+        elapsed = now - self._last
+        self._last = now
+        if stack:
+            top = stack[-1]
+            self.seconds[top[0]] += elapsed
+            if top[1]:
+                self.details[(top[0], top[1])] += elapsed
+            if top[0] in ABSORBING:
+                key, detail = top[0], top[1]
+        else:
+            self.seconds[self._ambient] += elapsed
+        stack.append((key, detail, token))
 
     def leave(self, now: float, token: str) -> None:
         """Close the innermost bracket if ``token`` opened it (unbalanced closes are ignored)."""
-        if self.ended is not None or not self._stack or self._stack[-1][2] != token:
+        stack = self._stack
+        if self.ended is not None or not stack or stack[-1][2] != token:
             return
-        self._charge(now)
-        self._stack.pop()
+        key, detail, _ = stack.pop()
+        elapsed = now - self._last
+        self._last = now
+        self.seconds[key] += elapsed
+        if detail:
+            self.details[(key, detail)] += elapsed
 
     def switch(self, now: float, ambient: str) -> None:
         """From ``now`` on, time outside any bracket is charged to ``ambient``."""

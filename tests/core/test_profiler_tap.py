@@ -75,3 +75,33 @@ def test_a_listener_that_joins_later_is_routed_the_names_seen_before() -> None:
     assert late.heard == [("x", True), ("x", False)]
     untap(trainer, first)
     untap(trainer, late)
+
+
+class _CountingPassThrough(PassThroughProfiler):
+    """A user's subclass of the default profiler that does something in start and stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def start(self, action_name: str) -> None:
+        self.calls.append(("start", action_name))
+
+    def stop(self, action_name: str) -> None:
+        self.calls.append(("stop", action_name))
+
+
+def test_a_subclass_of_the_default_profiler_keeps_its_own_start_and_stop() -> None:
+    # The tap skips the default profiler's no-op methods, never a subclass's own ones.
+    trainer = _Trainer(_CountingPassThrough())
+    heard = _Heard()
+    tap(trainer, heard)
+    with trainer.profiler.profile("run_training_batch"):
+        pass
+    untap(trainer, heard)
+    assert trainer.profiler.calls == [
+        ("start", "run_training_batch"),
+        ("stop", "run_training_batch"),
+    ]
+    assert heard.heard == [("run_training_batch", True), ("run_training_batch", False)]
+    assert "start" not in vars(trainer.profiler)

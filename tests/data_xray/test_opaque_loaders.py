@@ -147,7 +147,12 @@ def test_deep_times_the_model_on_the_fits_first_batch(tmp_path: Path) -> None:
     assert profiler.loader_ceiling is None
     assert profiler.verdict is not None
     assert profiler.verdict.bound == "data"
-    assert profiler.verdict.model_samples_per_sec == profiler.model_ceiling
+    revised = profiler.doctor_figures().get("verdict_revisions", [])
+    if not revised:
+        assert profiler.verdict.model_samples_per_sec == profiler.model_ceiling
+    else:  # a loaded machine slowed the probe, and the run's own steps refuted its figure
+        assert any("the run's steps went at" in line for line in revised)
+        assert profiler.verdict.model_samples_per_sec > profiler.model_ceiling
 
 
 @pytest.mark.parametrize(

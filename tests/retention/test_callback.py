@@ -107,6 +107,32 @@ class ListLeak(BoringModel):
         return out
 
 
+class EpochListLeak(ListLeak):
+    """``self.losses`` emptied at each epoch's end: full only during the epoch."""
+
+    def on_train_epoch_end(self) -> None:
+        self.losses.clear()
+
+
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_sparse_walk_still_sees_a_list_emptied_at_each_epoch_end(
+    tmp_path: Path, epochs: int
+) -> None:
+    # A walk every 1,000 batches never runs in a 4-batch-epoch fit, and the end of training
+    # walks after the list was emptied: the first epoch's last batch is walked for it.
+    detector = _fit_warns(
+        EpochListLeak(),
+        tmp_path,
+        detector=LossRetentionDetector(check_every_n_steps=1000, deep_scan_every_n_steps=0),
+        max_steps=-1,
+        max_epochs=epochs,
+        limit_train_batches=4,
+    )
+    assert _summary(detector) == [("model.losses", True)]
+    assert detector.findings[0].step_first_seen == 3  # batches are counted from 0
+    assert detector.findings[0].count == 3  # the three earlier batches' graphs
+
+
 class DictOfListsLeak(BoringModel):
     def __init__(self) -> None:
         super().__init__()
@@ -647,7 +673,7 @@ def test_registered_with_the_doctor() -> None:
     built = diagnostic.factory(DoctorContext())
     assert isinstance(built, LossRetentionDetector)
     assert built.mode == "warn"
-    assert built.check_every_n_steps == 16  # the doctor's default: every 16th step
+    assert built.check_every_n_steps == 64  # the doctor's default: every 64th step
     assert built.final_scan_budget == 0.01  # the end-of-fit heap scan within 1% of training
     assert built.deep_scan_every_n_steps == 0  # and no scheduled heap scans
     deep = diagnostic.factory(DoctorContext(deep=True))
@@ -698,7 +724,7 @@ def test_doctor_report_has_a_retention_section(tmp_path: Path, deep: bool, first
         "count": 4,
         "est_bytes": finding.figures["est_bytes"],
         "backpropagated": True,
-        "step_first_seen": first_seen,  # the default walks every 16th step: found at the end
+        "step_first_seen": first_seen,  # the default walks every 64th step: found at the end
     }
     assert ".detach()" in (finding.fix or "")
     assert result.report.runs[0].figures["retained_graphs"] == 4
