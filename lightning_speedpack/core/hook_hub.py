@@ -18,7 +18,9 @@ Lightning's to call, as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +32,32 @@ from lightning_speedpack.core.lightning import Callback
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-__all__ = ["HookHub"]
+__all__ = ["HookHub", "hub_of"]
+
+_HUBS: weakref.WeakKeyDictionary[Any, HookHub] = weakref.WeakKeyDictionary()  # member -> its hub
+
+
+def hub_of(member: Any) -> HookHub | None:
+    """The :class:`HookHub` that calls ``member``'s per-batch hooks, if one does."""
+    try:
+        return _HUBS.get(member)
+    except TypeError:  # not weak-referenceable: no hub took it
+        return None
+
+
+def _timed(
+    indexed: tuple[tuple[int, Callable[..., Any]], ...], spent: list[float]
+) -> Callable[..., None]:
+    def dispatch(*args: Any, **kwargs: Any) -> None:
+        # One clock read per member: what each took is what the ledger hands back to it.
+        before = perf_counter()
+        for i, fn in indexed:
+            fn(*args, **kwargs)
+            now = perf_counter()
+            spent[i] += now - before
+            before = now
+
+    return dispatch
 
 
 class HookHub(Callback):
@@ -72,40 +99,69 @@ class HookHub(Callback):
         # hook -> [(member, its hook)], taken over once; dispatched for the members in the fit
         self._taken: dict[str, list[tuple[Any, Callable[..., Any]]]] = {}
         self._spent: dict[str, tuple[list[Any], list[float]]] = {}  # hook -> (members, seconds)
+        # hook -> (members, their hooks, the dispatch to all of them) for the fit's members
+        self._full: dict[str, tuple[list[Any], list[Callable[..., Any]], Any]] = {}
+        self._quiet: dict[int, frozenset[str]] = {}  # id(member) -> hooks not called for now
         for hook in PER_BATCH_HOOKS:
             for member in self.members:
                 fn = getattr(member, hook, None)
                 if callable(fn) and (overrides(type(member), hook) or hook in vars(member)):
                     self._taken.setdefault(hook, []).append((member, fn))
                     setattr(member, hook, None)
+        for member in self.members:
+            with contextlib.suppress(TypeError):  # unhashable or no weak reference: never quiet
+                _HUBS[member] = self
         self._dispatch(self.members)
 
     def _dispatch(self, present: list[Any]) -> None:
         """Dispatch each taken-over hook to the members in ``present``, counting from zero."""
         self._spent.clear()
+        self._full.clear()
         ids = {id(p) for p in present}
         for hook, taken in self._taken.items():
             kept = [(m, fn) for m, fn in taken if id(m) in ids]
             owners, calls = [m for m, _ in kept], [fn for _, fn in kept]
-            setattr(self, hook, self._dispatcher(hook, owners, calls) if kept else None)
+            full = self._dispatcher(hook, owners, calls) if kept else None
+            self._full[hook] = (owners, calls, full)
+            setattr(self, hook, full)
+        self._quiet.clear()
 
     def _dispatcher(
         self, hook: str, owners: list[Any], calls: list[Callable[..., Any]]
     ) -> Callable[..., None]:
         spent = [0.0] * len(calls)
         self._spent[hook] = (owners, spent)
-        indexed = tuple(enumerate(calls))
+        return _timed(tuple(enumerate(calls)), spent)
 
-        def dispatch(*args: Any, **kwargs: Any) -> None:
-            # One clock read per member: what each took is what the ledger hands back to it.
-            before = perf_counter()
-            for i, fn in indexed:
-                fn(*args, **kwargs)
-                now = perf_counter()
-                spent[i] += now - before
-                before = now
+    def quiet(self, member: Any, hooks: Iterable[str] = ()) -> None:
+        """Call none of ``member``'s ``hooks`` until told otherwise (no ``hooks``: all again).
 
-        return dispatch
+        For a member that knows it has nothing to do in a stretch of batches (a sampled
+        timeline between its samples): a hook left with no member is None on the hub, so
+        Lightning skips it altogether (its profiler context, its place in the wall-time ledger).
+        Changing costs a rebuild of the hooks concerned: say it when the stretch begins and ends,
+        not every batch.
+        """
+        hooks = frozenset(hooks)
+        before = self._quiet.get(id(member), frozenset())
+        if hooks == before:
+            return
+        self._quiet[id(member)] = hooks
+        for hook in hooks ^ before:
+            if hook in self._full:
+                self._requiet(hook)
+
+    def _requiet(self, hook: str) -> None:
+        owners, calls, full = self._full[hook]
+        kept = tuple(
+            (i, fn)
+            for i, (m, fn) in enumerate(zip(owners, calls, strict=True))
+            if hook not in self._quiet.get(id(m), ())
+        )
+        if len(kept) == len(calls):
+            setattr(self, hook, full)
+        else:  # the same seconds list: what each member took stays its own
+            setattr(self, hook, _timed(kept, self._spent[hook][1]) if kept else None)
 
     def seconds(self) -> dict[tuple[Any, str], float]:
         """Seconds each member's hook took through the hub, by ``(member, hook)``."""

@@ -21,7 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["PER_BATCH_HOOKS", "overrides", "silence_default_hooks", "silenced_hooks"]
+__all__ = [
+    "PER_BATCH_HOOKS",
+    "TRAIN_STEP_HOOKS",
+    "overrides",
+    "silence_default_hooks",
+    "silenced_hooks",
+]
 
 #: The callback hooks Lightning calls every batch or optimizer step, always through
 #: ``_call_callback_hooks`` (``if callable(fn)``): Lightning 2.5 and 2.6.
@@ -38,6 +44,14 @@ PER_BATCH_HOOKS = (
     "on_test_batch_end",
     "on_predict_batch_start",
     "on_predict_batch_end",
+)
+
+#: The per-batch hooks Lightning calls inside a training batch, between its start and its end.
+TRAIN_STEP_HOOKS = (
+    "on_before_zero_grad",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
 )
 
 # Where Lightning defines its empty defaults: Callback's hooks, LightningModule's and its mixins'.

@@ -52,7 +52,7 @@ TOOLS = (
     "lightning_speedpack.retention.callback",
     "lightning_speedpack.batch_size.callback",
     "lightning_speedpack.advisor.callback",
-    "lightning_speedpack.timeline.callback",
+    "lightning_speedpack.timeline.doctor",
     "lightning_speedpack.data_xray.profiler",
     "lightning_speedpack.wall_time.callback",
     "lightning_speedpack.what_if.callback",

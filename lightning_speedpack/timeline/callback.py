@@ -14,10 +14,11 @@ from typing_extensions import override
 
 from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import hub_of
+from lightning_speedpack.core.hooks import TRAIN_STEP_HOOKS
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
 from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.core.profiler_tap import tap, untap
-from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.timeline import options, report
 from lightning_speedpack.timeline import transfer as _transfer
 from lightning_speedpack.timeline.nvtx import NvtxApi, resolve_nvtx
@@ -151,6 +152,8 @@ class StepTimeline(Callback):
         record_shapes: ``torch.profiler`` option for the window.
         profile_memory: ``torch.profiler`` option for the window.
         with_stack: ``torch.profiler`` option for the window.
+        sample_every_n_steps: time every step before step 64 and of a trace window, then one
+            step in this many (the others return early from each hook). ``1``: every step.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -183,6 +186,8 @@ class StepTimeline(Callback):
         record_shapes: bool = False,
         profile_memory: bool = False,
         with_stack: bool = False,
+        *,
+        sample_every_n_steps: int = 1,
     ) -> None:
         steps = options.check_options(
             ranges,
@@ -202,6 +207,7 @@ class StepTimeline(Callback):
         self.record_shapes = record_shapes
         self.profile_memory = profile_memory
         self.with_stack = with_stack
+        self.sample_every_n_steps = options.check_sample_every(sample_every_n_steps)
 
         self._clock = PhaseClock()
         self._last_logged_step = -1
@@ -308,6 +314,8 @@ class StepTimeline(Callback):
     ) -> None:
         if not self._step_open:
             self._open_step(trainer)
+            if not self._step_open:
+                return  # a step left out of the sample
         self._copy.sample(batch)  # once per logging window: charged to `other`, before the step
         self._in_batch = True
         self._flat("training_step")
@@ -360,16 +368,17 @@ class StepTimeline(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self._ranges.close_all()
-        self._clock.end_batch(time.perf_counter())
-        self._in_batch = False
-        self._step_open = False
+        if self._in_batch:  # else a step left out of the sample: nothing was timed
+            self._ranges.close_all()
+            self._clock.end_batch(time.perf_counter())
+            self._in_batch = False
+            self._step_open = False
         step = trainer.global_step
         window = self._window
         if window is not None and window.should_stop(step):
             self._finish_window(trainer)
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        if step % every == 0 and step != self._last_logged_step:
+        if step % every == 0 and step != self._last_logged_step and self._clock.window.batches:
             self._publish_transfer()  # once per logging window, not per batch
             self._log(trainer)
         self._open_step(trainer)
@@ -413,14 +422,23 @@ class StepTimeline(Callback):
     # ---- doctor ----------------------------------------------------------------------------
 
     def doctor_figures(self) -> dict[str, Any]:
-        """``phase_share``, ``phase_ms``, ``phase_ms_over_steps`` and the copy's ``h2d_*``."""
+        """``phase_share``, ``phase_ms``, ``phase_ms_over_steps``, the copy's ``h2d_*``.
+
+        Sampled (``sample_every_n_steps`` above 1): also ``phase_sample_every`` and
+        ``phase_batches_timed``.
+        """
         return report.doctor_figures(
-            self._clock.run, self.measured_transfer(), self.phase_ms_over_steps
+            self._clock.run,
+            self.measured_transfer(),
+            self.phase_ms_over_steps,
+            self.sample_every_n_steps,
         )
 
     def doctor_findings(self) -> list[Finding]:
         """The share of a training batch each phase takes, and the trace file (both info)."""
-        return report.doctor_findings(self._clock.run, self.trace_path, self.top_ops)
+        return report.doctor_findings(
+            self._clock.run, self.trace_path, self.top_ops, self.sample_every_n_steps
+        )
 
     # ---- the fetch and the copy, from the profiler's actions ---------------------------------
 
@@ -478,10 +496,19 @@ class StepTimeline(Callback):
             self._start_window(step)
         if window is not None and window.running:
             window.saw_step(step)
+        elif step >= options.SAMPLED_FROM_STEP and step % self.sample_every_n_steps:
+            self._quiet(TRAIN_STEP_HOOKS)  # not sampled: nothing to do until a sampled step
+            return
+        self._quiet(())
         self._step_open = True
         self._ranges.push(f"speedpack/step_{step}", _STEP_RANGE)
         self._ranges.push(_RANGE["other"])  # until the fetch starts
         self._clock.switch("other", time.perf_counter())
+
+    def _quiet(self, hooks: tuple[str, ...]) -> None:
+        # Under the doctor's HookHub a hook left to no one is not called at all (1 ms steps)
+        if self.sample_every_n_steps > 1 and (hub := hub_of(self)) is not None:
+            hub.quiet(self, hooks)
 
     def _pause(self) -> None:
         """Stop charging time and close the open ranges (validation, between epochs)."""
@@ -505,18 +532,14 @@ class StepTimeline(Callback):
         self._clock.switch("training_step", time.perf_counter())
 
     def _log(self, trainer: pl.Trainer) -> None:
-        self._last_logged_step = trainer.global_step
+        self._last_logged_step = step = trainer.global_step
         means = self._clock.take_window()
-        self.phase_ms_over_steps.append(
-            [trainer.global_step, {name: round(value, 3) for name, value in means.items()}]
-        )
-        if not trainer.is_global_zero:
-            return
-        metrics = {f"{_PREFIX}{name}_ms": value for name, value in means.items()}
-        metrics.update(self._copy.take_metrics())
-        self.last_metrics = metrics
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+        self.phase_ms_over_steps.append([step, {k: round(v, 3) for k, v in means.items()}])
+        if trainer.is_global_zero:
+            self.last_metrics = {f"{_PREFIX}{name}_ms": value for name, value in means.items()}
+            self.last_metrics.update(self._copy.take_metrics())
+            for logger in trainer.loggers:
+                logger.log_metrics(self.last_metrics, step=step)
 
     def _listen(self) -> None:
         if self._subscription is None:
@@ -559,6 +582,7 @@ class StepTimeline(Callback):
         self._training = False
         self._in_batch = False
         self._step_open = False
+        self._quiet(())
         self._copy.stop()
         try:
             self._ranges.close_all()
@@ -574,11 +598,3 @@ class StepTimeline(Callback):
             hooks, self._hooks = self._hooks, []
             for handle in hooks:
                 handle.remove()
-
-
-def _doctor_factory(ctx: DoctorContext) -> StepTimeline:
-    steps, directory = options.doctor_trace()
-    return StepTimeline(trace_steps=steps, trace_dir=directory)
-
-
-register_diagnostic("timeline", StepTimeline, factory=_doctor_factory, order=60)

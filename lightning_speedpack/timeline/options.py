@@ -16,7 +16,14 @@ import torch
 from lightning_speedpack.timeline.nvtx import NvtxApi
 from lightning_speedpack.timeline.trace import check_trace_steps, parse_trace_steps
 
-__all__ = ["TRACE_DIR_ENV", "TRACE_ENV", "check_options", "doctor_trace"]
+__all__ = [
+    "SAMPLED_FROM_STEP",
+    "TRACE_DIR_ENV",
+    "TRACE_ENV",
+    "check_options",
+    "check_sample_every",
+    "doctor_trace",
+]
 
 #: ``START:COUNT``: the trace window of the doctor's StepTimeline (``speedpack doctor --trace``).
 TRACE_ENV = "LIGHTNING_SPEEDPACK_TRACE"
@@ -93,6 +100,19 @@ def _check_log_every(log_every_n_steps: Any) -> None:
         raise TypeError(f"`log_every_n_steps` must be an int or None, got {log_every_n_steps!r}")
     if log_every_n_steps < 1:
         raise ValueError(f"`log_every_n_steps` must be a positive int, got {log_every_n_steps}")
+
+
+#: A sampled timeline times every step before this one: a short fit keeps its whole series.
+SAMPLED_FROM_STEP = 64
+
+
+def check_sample_every(value: Any) -> int:
+    """``sample_every_n_steps``: an int of at least 1 (TypeError, ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`sample_every_n_steps` must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"`sample_every_n_steps` must be >= 1 (1: every step), got {value}")
+    return value
 
 
 def doctor_trace() -> tuple[tuple[int, int] | None, str | None]:

@@ -27,11 +27,14 @@ def doctor_figures(
     run: PhaseTotals,
     copy: BatchTransfer | None,
     over_steps: Sequence[Sequence[Any]] = (),
+    sample_every: int = 1,
 ) -> dict[str, Any]:
     """``phase_share``, ``phase_ms`` and ``phase_ms_over_steps``; the copy's ``h2d_*`` if measured.
 
     ``phase_ms_over_steps`` is ``over_steps`` as lists: one ``[step, {phase: mean ms per
     batch}]`` per logging window, in the order logged (left out when no window was logged).
+    Timed on one step in ``sample_every`` (above 1): also ``phase_sample_every`` and
+    ``phase_batches_timed``.
 
     Example:
         >>> run = PhaseTotals()
@@ -49,6 +52,8 @@ def doctor_figures(
     }
     if over_steps:
         figures["phase_ms_over_steps"] = [[step, dict(ms)] for step, ms in over_steps]
+    if sample_every > 1:
+        figures.update(phase_sample_every=sample_every, phase_batches_timed=run.batches)
     if copy is not None and copy.bytes_per_batch is not None:
         figures["h2d_bytes_per_batch"] = copy.bytes_per_batch
         figures["h2d_pinned"] = int(copy.pinned)
@@ -58,24 +63,32 @@ def doctor_figures(
 
 
 def doctor_findings(
-    run: PhaseTotals, trace_path: Path | None, top_ops: list[TopOp]
+    run: PhaseTotals, trace_path: Path | None, top_ops: list[TopOp], sample_every: int = 1
 ) -> list[Finding]:
-    """The share of a training batch each phase takes, and the trace file (both info)."""
+    """The share of a training batch each phase takes, and the trace file (both info).
+
+    ``sample_every`` above 1: the phases were timed on one step in that many (said so).
+    """
     out: list[Finding] = []
     if run.batches:
-        out.append(_phases_finding(shares(run.seconds)))
+        sampled = (
+            f" (timed on 1 step in {sample_every}: {run.batches} batches)"
+            if sample_every > 1
+            else ""
+        )
+        out.append(_phases_finding(shares(run.seconds), sampled))
     if trace_path is not None:
         out.append(_trace_finding(trace_path, top_ops))
     return out
 
 
-def _phases_finding(phase_shares: dict[str, float]) -> Finding:
+def _phases_finding(phase_shares: dict[str, float], sampled: str = "") -> Finding:
     ranked = sorted(phase_shares.items(), key=lambda kv: -kv[1])
     breakdown = ", ".join(f"{name} {share:.0%}" for name, share in ranked if share > 0)
     return Finding(
         "timeline",
         "step-phases",
-        f"Where a training batch's host time goes: {breakdown}",
+        f"Where a training batch's host time goes: {breakdown}{sampled}",
         figures={k: round(v, 4) for k, v in ranked},
         severity="info",
         fix=(

@@ -10,7 +10,7 @@ from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 from lightning_speedpack import WallTimeLedger
-from lightning_speedpack.core.hook_hub import HookHub
+from lightning_speedpack.core.hook_hub import HookHub, hub_of
 from lightning_speedpack.core.lightning import Callback
 from tests.helpers.models import ProfiledNames
 
@@ -174,3 +174,57 @@ def test_a_member_lightning_replaced_with_the_models_own_callback_is_not_called(
 
     _fit([replaced, kept, HookHub([replaced, kept])], Model())
     assert {name for name, _ in calls} == {"kept", "model's"}
+
+
+class _QuietsAfterTheFirstBatch(Recording):
+    """Tells its hub, at its first batch's end, to stop calling its backward hook; then back."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        super().__init__(name, calls)
+        self.seen: list[Any] = []
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        super().on_train_batch_end(trainer, *args)
+        hub = hub_of(self)
+        assert hub is not None
+        hub.quiet(self, ("on_before_backward",) if trainer.global_step == 1 else ())
+        self.seen.append(hub.on_before_backward)
+
+
+def test_a_quiet_members_hooks_are_not_called_and_a_hook_left_to_no_one_is_none() -> None:
+    calls: list[tuple[str, str]] = []
+    quiet = _QuietsAfterTheFirstBatch("q", calls)
+    hub = HookHub([quiet])
+    _fit([quiet, hub])
+    # batch 0: all of it; batch 1: no backward hook (quiet since batch 0's end); batch 2: back
+    assert calls == [
+        ("q", "start"),
+        ("q", "backward"),
+        ("q", "end"),
+        ("q", "start"),
+        ("q", "end"),
+        ("q", "start"),
+        ("q", "backward"),
+        ("q", "end"),
+    ]
+    # alone on the hook, the hub's hook was None for batch 1: Lightning skipped it altogether
+    assert [fn is None for fn in quiet.seen] == [True, False, False]
+    # what each call took stayed the member's own
+    assert {h for (_, h), s in hub.seconds().items() if s > 0} >= {"on_before_backward"}
+
+
+def test_another_members_hooks_go_on_while_one_is_quiet() -> None:
+    calls: list[tuple[str, str]] = []
+    other = Recording("o", calls)
+    quiet = _QuietsAfterTheFirstBatch("q", calls)
+    hub = HookHub([quiet, other])  # the quiet one first: each member is known to the hub
+    _fit([quiet, other, hub])
+    assert [c for c in calls if c[0] == "o"] == [("o", h) for h in ("start", "backward", "end")] * 3
+    assert calls.count(("q", "backward")) == 2
+    assert hub_of(other) is hub
+    assert all(fn is not None for fn in quiet.seen)  # the other member still needs the hook
+
+
+def test_a_member_without_a_hub_has_none() -> None:
+    assert hub_of(Recording("x", [])) is None
+    assert hub_of(object()) is None  # not weak-referenceable

@@ -18,9 +18,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_speedpack.core import events
+from lightning_speedpack.core.hook_hub import HookHub
 from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
 from lightning_speedpack.sync_points import SyncPointWarnings
 from lightning_speedpack.timeline import PHASES, NvtxApi, RecordingNvtx, StepTimeline
+from lightning_speedpack.timeline import options as timeline_options
 from lightning_speedpack.timeline.callback import TRACE_DIR_ENV, TRACE_ENV
 from tests.helpers import global_state
 from tests.helpers.models import TinyCNN, quiet_trainer_kwargs
@@ -51,6 +53,9 @@ def _clean() -> None:
         ({"log_every_n_steps": 2.0}, TypeError, "`log_every_n_steps` must be an int"),
         ({"record_shapes": "yes"}, TypeError, "`record_shapes` must be a bool"),
         ({"with_stack": True}, ValueError, "`with_stack` only apply to a trace window"),
+        ({"sample_every_n_steps": 0}, ValueError, "must be >= 1"),
+        ({"sample_every_n_steps": True}, TypeError, "`sample_every_n_steps` must be an int"),
+        ({"sample_every_n_steps": 2.0}, TypeError, "`sample_every_n_steps` must be an int"),
     ],
 )
 def test_arguments_are_validated(
@@ -195,6 +200,60 @@ def test_logged_phases_add_up_to_the_step_time(tmp_path: Path) -> None:
     again = Trainer(callbacks=[timeline], **quiet_trainer_kwargs(tmp_path / "again", max_steps=4))
     again.fit(_SlowStep())
     assert [step for step, _ in timeline.phase_ms_over_steps] == [4]
+
+
+@pytest.mark.slow
+def test_a_sampled_timeline_times_one_step_in_n_with_its_data_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(timeline_options, "SAMPLED_FROM_STEP", 4)  # 64 in use: a short fit
+    timeline = StepTimeline(log_every_n_steps=4, sample_every_n_steps=4, nvtx=False)
+    trainer = Trainer(
+        callbacks=[timeline],
+        **quiet_trainer_kwargs(tmp_path, max_steps=12, logger=CSVLogger(tmp_path / "logs")),
+    )
+    trainer.fit(_SlowStep())
+    # steps 0-3 (before sampling starts), then 4 and 8 timed, each whole: the fetch before it
+    # (opened at the previous step's end), the 20 ms forward, nothing of the steps left out
+    assert timeline._clock.run.batches == 6
+    phases = timeline.doctor_figures()["phase_ms"]
+    assert phases["training_step"] >= 20.0
+    assert phases["data_wait"] >= 8.0  # two samples of 4 ms each
+    assert sum(timeline.phase_shares().values()) == pytest.approx(1.0)
+    # each logged window holds one timed step: its means, never a window of zeros
+    series = timeline.doctor_figures()["phase_ms_over_steps"]
+    assert [step for step, _ in series] == [4, 8, 12]
+    assert all(means["training_step"] >= 20.0 for _, means in series)
+    figures = timeline.doctor_figures()
+    assert (figures["phase_sample_every"], figures["phase_batches_timed"]) == (4, 6)
+    assert "(timed on 1 step in 4: 6 batches)" in timeline.doctor_findings()[0].message
+
+
+class _HubHooks(Callback):
+    """Whether the hub's zero-grad hook is on, at each batch start (after the hub's own)."""
+
+    def __init__(self, hub: HookHub) -> None:
+        self.hub, self.on = hub, []
+
+    def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        self.on.append(self.hub.on_before_zero_grad is not None)
+
+
+@pytest.mark.slow
+def test_under_a_hub_the_steps_left_out_skip_the_timelines_hooks_altogether(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(timeline_options, "SAMPLED_FROM_STEP", 0)
+    timeline = StepTimeline(sample_every_n_steps=4, nvtx=False)
+    hub = HookHub([timeline])
+    spy = _HubHooks(hub)
+    trainer = Trainer(callbacks=[timeline, hub, spy], **quiet_trainer_kwargs(tmp_path, max_steps=9))
+    trainer.fit(_SlowStep())
+    # the timeline alone took the hook: Lightning calls it on the sampled steps only
+    assert spy.on == [True, False, False, False, True, False, False, False, True]
+    assert timeline._clock.run.batches == 3
+    assert timeline.doctor_figures()["phase_ms"]["data_wait"] >= 8.0  # the fetch before each
+    assert hub.on_before_zero_grad is not None  # the fit is over: nothing is left quiet
 
 
 # ---- NVTX through an injected table ---------------------------------------------------------
@@ -433,12 +492,19 @@ def test_trace_logged_to_wandb_as_artifact(tmp_path: Path, wandb_offline: Any) -
 
 
 def test_doctor_registration_and_factory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import lightning_speedpack.timeline.doctor  # noqa: F401  (registers the diagnostic)
+
     (diagnostic,) = [d for d in registered_diagnostics() if d.name == "timeline"]
     assert diagnostic.callback_type is StepTimeline
     monkeypatch.delenv(TRACE_ENV, raising=False)
     plain = diagnostic.factory(DoctorContext())
     assert isinstance(plain, StepTimeline)
     assert plain.trace_steps is None
+    assert plain.sample_every_n_steps == 8  # the doctor times one step in 8
+    deep = diagnostic.factory(DoctorContext(deep=True))
+    assert isinstance(deep, StepTimeline)
+    assert deep.sample_every_n_steps == 1  # --deep: every step
+    assert "every step" in diagnostic.deep_adds
     monkeypatch.setenv(TRACE_ENV, "5:3")
     monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))
     traced = diagnostic.factory(DoctorContext())
