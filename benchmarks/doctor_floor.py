@@ -79,9 +79,11 @@ def step_ms(variant: str, steps: int) -> float:
     """One fit of ``steps`` steps in ``variant``; its training loop's ms a step."""
     from pytorch_lightning import Trainer
 
-    saved = hook_hub.HookHub._dispatcher, profiler_tap._Tap._route
+    saved = hook_hub.HookHub._dispatcher, profiler_tap._Tap._route, hook_hub.HookHub._requiet
     if variant in ("no hub", "neither"):
         hook_hub.HookHub._dispatcher = _silent_dispatcher  # type: ignore[method-assign]
+        # a sampled member's quiet stretches must not bring real dispatch back
+        hook_hub.HookHub._requiet = lambda self, hook: None  # type: ignore[method-assign]
     if variant in ("no taps", "neither"):
         profiler_tap._Tap._route = _no_route  # type: ignore[method-assign]
     kwargs: dict[str, Any] = {
@@ -105,7 +107,9 @@ def step_ms(variant: str, steps: int) -> float:
         model = _Timed("clean")
         trainer.fit(model)
     finally:
-        hook_hub.HookHub._dispatcher, profiler_tap._Tap._route = saved  # type: ignore[method-assign]
+        hook_hub.HookHub._dispatcher = saved[0]  # type: ignore[method-assign]
+        profiler_tap._Tap._route = saved[1]  # type: ignore[method-assign]
+        hook_hub.HookHub._requiet = saved[2]  # type: ignore[method-assign]
     return model.loop_s / steps * 1e3
 
 
