@@ -569,7 +569,8 @@ register_diagnostic(
     factory=_factory,
     order=30,
     deep_adds=(
-        "the walk for retained graphs on every step (by default every 64th) and the heap scan at"
+        "the walk for retained graphs on every step (by default every 64th and the first epoch's"
+        " last batch) and the heap scan at"
         " the end of training within 5% of the training time (by default 1%), and one every 100"
         " steps within 1% of the wall time (by default none during training)"
     ),
