@@ -14,6 +14,8 @@ A tap sets ``start`` and ``stop`` as *instance* attributes of the Trainer's prof
 the profiler's class, its ``isinstance`` checks and its own timing are untouched (each listener
 runs before the profiler's own ``start`` and after its own ``stop``), and :func:`untap` removes
 the attributes when the last listener leaves. Several tools may listen to the same Trainer.
+Lightning's default ``PassThroughProfiler`` does nothing in ``start``/``stop``, so with it the
+tap calls only the listeners (a subclass that overrides either method keeps both called).
 """
 
 from __future__ import annotations
