@@ -43,7 +43,7 @@ from _common import print_table
 
 from lightning_speedpack.doctor.runner import DoctorSession
 
-__all__ = ["count_lines", "quick_figures"]
+__all__ = ["count", "count_lines", "quick_figures"]
 
 _PACK = f"{os.sep}lightning_speedpack{os.sep}"
 STEPS = 256  # 8 epochs of the zoo's 32 batches: the sparse per-epoch and per-64-step work amortised
@@ -67,9 +67,11 @@ class _Counted(world_job.MLP):
     """The zoo's MLP, with the lines of its training loop counted by module."""
 
     counts: Counter[str]
+    calls: Counter[str]
 
     def on_train_start(self) -> None:
         counts: Counter[str] = Counter()
+        calls: Counter[str] = Counter()
         cache: dict[str, str] = {}
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
@@ -77,8 +79,12 @@ class _Counted(world_job.MLP):
                 counts[_owner(frame.f_code.co_filename, cache)] += 1
             return local
 
-        self.counts = counts
-        sys.settrace(lambda frame, event, arg: local)
+        def entered(frame: FrameType, event: str, arg: Any) -> Any:
+            calls[_owner(frame.f_code.co_filename, cache)] += 1  # a Python frame begins
+            return local
+
+        self.counts, self.calls = counts, calls
+        sys.settrace(entered)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Lightning calls the callbacks' hook first: the last step's work is in. What comes
@@ -93,6 +99,11 @@ class _Counted(world_job.MLP):
 
 def count_lines(variant: str, steps: int = STEPS) -> Counter[str]:
     """Python lines executed in ``steps`` training steps, by module (``plain`` or ``doctor``)."""
+    return count(variant, steps)[0]
+
+
+def count(variant: str, steps: int = STEPS) -> tuple[Counter[str], Counter[str]]:
+    """Python lines run and Python calls made in ``steps`` training steps, by module."""
     from pytorch_lightning import Trainer
 
     kwargs: dict[str, Any] = {
@@ -117,7 +128,7 @@ def count_lines(variant: str, steps: int = STEPS) -> Counter[str]:
         trainer.fit(model)
     finally:
         sys.settrace(None)
-    return model.counts
+    return model.counts, model.calls
 
 
 def _setup() -> None:
@@ -129,10 +140,10 @@ def _setup() -> None:
     torch.set_num_threads(1)
 
 
-def measure(steps: int = STEPS) -> tuple[Counter[str], Counter[str]]:
-    """The plain and the doctor's line counts of one fit each."""
+def measure(steps: int = STEPS) -> tuple[tuple[Counter[str], ...], tuple[Counter[str], ...]]:
+    """The plain and the doctor's ``(lines, calls)`` counts of one fit each."""
     _setup()
-    return count_lines("plain", steps), count_lines("doctor", steps)
+    return count("plain", steps), count("doctor", steps)
 
 
 def quick_figures(steps: int = STEPS) -> dict[str, float]:
@@ -154,27 +165,39 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20, help="modules listed")
     parser.add_argument("--figure", action="store_true", help="print the extra lines a step only")
     args = parser.parse_args()
-    plain, doctor = measure(args.steps)
+    (plain, plain_calls), (doctor, doctor_calls) = measure(args.steps)
+    n = args.steps
     if args.figure:
-        print((sum(doctor.values()) - sum(plain.values())) / args.steps)
+        print((sum(doctor.values()) - sum(plain.values())) / n)
         return
-    extra = {k: (doctor[k] - plain[k]) / args.steps for k in set(plain) | set(doctor)}
+    extra = {k: (doctor[k] - plain[k]) / n for k in set(plain) | set(doctor)}
     rows = [
         [
             module,
-            f"{plain[module] / args.steps:.1f}",
-            f"{doctor[module] / args.steps:.1f}",
+            f"{plain[module] / n:.1f}",
+            f"{doctor[module] / n:.1f}",
             f"{d:+.1f}",
+            f"{(doctor_calls[module] - plain_calls[module]) / n:+.1f}",
         ]
         for module, d in sorted(extra.items(), key=lambda kv: -abs(kv[1]))[: args.top]
         if abs(d) >= 0.05
     ]
-    total_p, total_d = sum(plain.values()) / args.steps, sum(doctor.values()) / args.steps
-    rows.append(["**all**", f"{total_p:.0f}", f"{total_d:.0f}", f"**{total_d - total_p:+.0f}**"])
+    total_p, total_d = sum(plain.values()) / n, sum(doctor.values()) / n
+    calls = (sum(doctor_calls.values()) - sum(plain_calls.values())) / n
+    rows.append(
+        [
+            "**all**",
+            f"{total_p:.0f}",
+            f"{total_d:.0f}",
+            f"**{total_d - total_p:+.0f}**",
+            f"{calls:+.0f}",
+        ]
+    )
     print_table(
-        f"Python lines a training step, one DDP rank (gloo), the zoo's clean MLP, {args.steps} "
-        f"steps: plain and under the doctor ({total_d / total_p:.2f}x the plain loop's lines)",
-        ["module", "plain", "doctor", "doctor's extra"],
+        f"Python lines a training step, one DDP rank (gloo), the zoo's clean MLP, {n} steps: "
+        f"plain and under the doctor ({total_d / total_p:.2f}x the plain loop's lines; the "
+        f"Python calls it adds, a call charged to the module called, beside them)",
+        ["module", "plain", "doctor", "doctor's extra", "extra calls"],
         rows,
     )
 
