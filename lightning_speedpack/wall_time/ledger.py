@@ -96,7 +96,7 @@ class Ledger:
 
     def enter(self, now: float, key: str, *, token: str, detail: str = "") -> None:
         """Open a bracket charged to ``key`` (or to the enclosing absorbing part)."""
-        # Called twice for each bracketed action, tens of times a batch: `_charge` inlined.
+        # Called at the start of every bracketed action, ~10 times a batch: `_charge` inlined.
         if self.started is None or self.ended is not None:
             return
         stack = self._stack
