@@ -44,7 +44,7 @@ from _common import alternate_samples, paired_ratio, print_table
 from lightning_speedpack.core import hook_hub, profiler_tap
 from lightning_speedpack.doctor.runner import DoctorSession
 
-__all__ = ["VARIANTS", "step_ms"]
+__all__ = ["VARIANTS", "one_rank_trainer", "step_ms"]
 
 VARIANTS = ("plain", "doctor", "no hub", "no taps", "neither")
 
@@ -75,17 +75,10 @@ class _Timed(world_job.MLP):
         self.loop_s = time.perf_counter() - self.loop_started
 
 
-def step_ms(variant: str, steps: int) -> float:
-    """One fit of ``steps`` steps in ``variant``; its training loop's ms a step."""
+def one_rank_trainer(steps: int, *, doctor: bool) -> Any:
+    """A Trainer for one DDP rank (gloo, in this process) of ``steps`` steps, maybe the doctor's."""
     from pytorch_lightning import Trainer
 
-    saved = hook_hub.HookHub._dispatcher, profiler_tap._Tap._route, hook_hub.HookHub._requiet
-    if variant in ("no hub", "neither"):
-        hook_hub.HookHub._dispatcher = _silent_dispatcher  # type: ignore[method-assign]
-        # a sampled member's quiet stretches must not bring real dispatch back
-        hook_hub.HookHub._requiet = lambda self, hook: None  # type: ignore[method-assign]
-    if variant in ("no taps", "neither"):
-        profiler_tap._Tap._route = _no_route  # type: ignore[method-assign]
     kwargs: dict[str, Any] = {
         "accelerator": "cpu",
         "devices": 1,
@@ -98,12 +91,23 @@ def step_ms(variant: str, steps: int) -> float:
         "enable_checkpointing": False,
         "enable_model_summary": False,
     }
+    if not doctor:
+        return Trainer(**kwargs)
+    with DoctorSession().installed():
+        return Trainer(**kwargs)
+
+
+def step_ms(variant: str, steps: int) -> float:
+    """One fit of ``steps`` steps in ``variant``; its training loop's ms a step."""
+    saved = hook_hub.HookHub._dispatcher, profiler_tap._Tap._route, hook_hub.HookHub._requiet
+    if variant in ("no hub", "neither"):
+        hook_hub.HookHub._dispatcher = _silent_dispatcher  # type: ignore[method-assign]
+        # a sampled member's quiet stretches must not bring real dispatch back
+        hook_hub.HookHub._requiet = lambda self, hook: None  # type: ignore[method-assign]
+    if variant in ("no taps", "neither"):
+        profiler_tap._Tap._route = _no_route  # type: ignore[method-assign]
     try:
-        if variant == "plain":
-            trainer = Trainer(**kwargs)
-        else:
-            with DoctorSession().installed():
-                trainer = Trainer(**kwargs)
+        trainer = one_rank_trainer(steps, doctor=variant != "plain")
         model = _Timed("clean")
         trainer.fit(model)
     finally:

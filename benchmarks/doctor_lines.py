@@ -40,8 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 import world_job
 from _common import print_table
-
-from lightning_speedpack.doctor.runner import DoctorSession
+from doctor_floor import one_rank_trainer
 
 __all__ = ["count", "count_lines", "quick_figures"]
 
@@ -104,25 +103,7 @@ def count_lines(variant: str, steps: int = STEPS) -> Counter[str]:
 
 def count(variant: str, steps: int = STEPS) -> tuple[Counter[str], Counter[str]]:
     """Python lines run and Python calls made in ``steps`` training steps, by module."""
-    from pytorch_lightning import Trainer
-
-    kwargs: dict[str, Any] = {
-        "accelerator": "cpu",
-        "devices": 1,
-        "strategy": "ddp",
-        "max_epochs": -1,
-        "max_steps": steps,
-        "limit_val_batches": 0,
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_checkpointing": False,
-        "enable_model_summary": False,
-    }
-    if variant == "plain":
-        trainer = Trainer(**kwargs)
-    else:
-        with DoctorSession().installed():
-            trainer = Trainer(**kwargs)
+    trainer = one_rank_trainer(steps, doctor=variant != "plain")
     model = _Counted("clean")
     try:
         trainer.fit(model)

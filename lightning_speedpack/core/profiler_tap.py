@@ -67,24 +67,20 @@ class _Tap:
         # Closures over locals: the tap runs for every hook of every callback, every batch.
         get, route_of = self.routes.get, self._route
 
-        def start(action_name: str) -> None:
-            route = get(action_name)
-            if route is None:
-                route = route_of(action_name)
-            if route:
-                now = perf_counter()
-                for on_action in route:
-                    on_action(action_name, True, now)
+        def announcer(started: bool) -> Callable[[str], None]:
+            def announce(action_name: str) -> None:
+                route = get(action_name)
+                if route is None:
+                    route = route_of(action_name)
+                if route:
+                    now = perf_counter()
+                    # a stop is heard in the reverse order of its start (nested listeners)
+                    for on_action in route if started else reversed(route):
+                        on_action(action_name, started, now)
 
-        def stop(action_name: str) -> None:
-            route = get(action_name)
-            if route is None:
-                route = route_of(action_name)
-            if route:
-                now = perf_counter()
-                for on_action in reversed(route):
-                    on_action(action_name, False, now)
+            return announce
 
+        start, stop = announcer(True), announcer(False)
         if own_start is None or own_stop is None:
             return start, stop
 
