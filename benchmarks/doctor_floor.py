@@ -61,7 +61,6 @@ def _silent_dispatcher(
 
 
 def _no_route(self: Any, name: str) -> tuple[Any, ...]:
-    self.routes[name] = ()
     return ()
 
 

@@ -152,7 +152,7 @@ class StepTimeline(Callback):
         record_shapes: ``torch.profiler`` option for the window.
         profile_memory: ``torch.profiler`` option for the window.
         with_stack: ``torch.profiler`` option for the window.
-        sample_every_n_steps: time every step before step 64 and of a trace window, then one
+        sample_every_n_steps: time every step before step 16 and of a trace window, then one
             step in this many (the others return early from each hook). ``1``: every step.
 
     Raises:

@@ -1,4 +1,4 @@
-"""The doctor's StepTimeline: from step 64 the phases of one step in 8 (``--deep``: every step)."""
+"""The doctor's StepTimeline: from step 16 the phases of one step in 8 (``--deep``: every step)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.timeline import options
 from lightning_speedpack.timeline.callback import StepTimeline
 
-# Under the doctor the phases are shares and means: after the first 64 steps (all timed, for a
+# Under the doctor the phases are shares and means: after the first 16 steps (all timed, for a
 # short fit's series), one step in 8 gives them. The timeline was the largest part of the
 # doctor's own code a step on the DDP zoo's 1 ms MLP (~520 of ~1,900 lines); `--deep` times
 # every step.
@@ -24,5 +24,5 @@ register_diagnostic(
     StepTimeline,
     factory=_doctor_factory,
     order=60,
-    deep_adds="the step phases of every step (by default one step in 8 after the first 64)",
+    deep_adds="the step phases of every step (by default one step in 8 after the first 16)",
 )

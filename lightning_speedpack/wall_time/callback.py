@@ -26,7 +26,7 @@ from typing_extensions import override
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.hook_hub import HookHub
-from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, overrides
+from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, TRAIN_STEP_HOOKS, overrides
 from lightning_speedpack.core.lightning import Callback, classes
 from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
@@ -182,6 +182,7 @@ class WallTimeLedger(Callback):
             for (member, hook), spent in hub.seconds().items():
                 share = (_callback_key(member), hook)
                 shares[share] = shares.get(share, 0.0) + spent
+            _carve_in_step(_callback_key(hub), shares, seconds, details)
             share_out(_callback_key(hub), shares, seconds, details)
         return seconds, details
 
@@ -278,6 +279,28 @@ class WallTimeLedger(Callback):
         """Whether the ledger brackets the profiled action ``name`` (asked once per name)."""
         return self._found(name) is not _IGNORED
 
+    def handler(self, name: str) -> Callable[[str, bool, float], None] | None:
+        """What hears the profiled action ``name`` (asked once per name by the tap).
+
+        A plain bracket (a callback's hook, the training batch: ~8 a batch) gets a closure
+        that opens and closes it with no look-up; the fetch, the copy and a save keep
+        :meth:`on_action`'s checks.
+        """
+        found = self._found(name)
+        if found is _IGNORED:
+            return None
+        key, detail = found
+        if found is _FETCHED or key == "batch_transfer" or name == "save_checkpoint":
+            return self.on_action
+
+        def bracket(action: str, started: bool, now: float) -> None:
+            if started:
+                self.ledger.enter(now, key, token=action, detail=detail)
+            else:
+                self.ledger.leave(now, action)
+
+        return bracket
+
     def _found(self, name: str) -> tuple[str, str]:
         # One dict look-up for the ~150 actions a batch under the doctor; most are ignored.
         found = self._keys.get(name)
@@ -333,6 +356,8 @@ class WallTimeLedger(Callback):
                 return None  # Lightning's empty default: a bracket would only cost time
             if isinstance(callback, HookHub) and hook not in PER_BATCH_HOOKS:
                 return None  # the hub's own once-a-fit upkeep: not any member's time
+            if isinstance(callback, HookHub) and hook in TRAIN_STEP_HOOKS:
+                return None  # inside the training batch: carved out of it by the hub's clock
             return _callback_key(callback), hook
         if kind == "[Strategy" and hook == _TRANSFER[1:]:
             return "batch_transfer", ""
@@ -509,6 +534,30 @@ class WallTimeLedger(Callback):
 
 def _share(value: float, total: float) -> float:
     return round(value / total, 4) if total > 0 else 0.0
+
+
+def _carve_in_step(
+    hub_key: str,
+    shares: dict[tuple[str, str], float],
+    seconds: dict[str, float],
+    details: dict[tuple[str, str], float],
+) -> None:
+    """Move a hub's in-step hooks' seconds (by its clock) from ``training_step`` to the hub.
+
+    The ledger does not bracket the hub's hooks that Lightning calls inside the training batch
+    (:data:`~lightning_speedpack.core.hooks.TRAIN_STEP_HOOKS`: four brackets a batch, a large
+    share of the ledger's own cost on a millisecond step): they were charged to
+    ``training_step``, and the hub timed each member's call. Only the doctor's own callbacks
+    are a hub's members, and none of their in-step hooks opens a bracket of its own.
+    """
+    for hook in TRAIN_STEP_HOOKS:
+        measured = sum(s for (_, h), s in shares.items() if h == hook)
+        moved = min(measured, seconds.get("training_step", 0.0))
+        if moved <= 0.0:
+            continue
+        seconds["training_step"] -= moved
+        seconds[hub_key] = seconds.get(hub_key, 0.0) + moved
+        details[(hub_key, hook)] = details.get((hub_key, hook), 0.0) + moved
 
 
 def _callback_key(callback: Any) -> str:

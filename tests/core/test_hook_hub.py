@@ -127,6 +127,27 @@ def test_the_ledger_charges_each_member_not_the_hub() -> None:
     assert sum(ledger.seconds().values()) == pytest.approx(ledger.total_s)  # nothing lost
 
 
+def test_a_members_in_step_hook_is_its_own_time_not_the_training_steps() -> None:
+    # The ledger does not bracket the hub's hooks inside the training batch: the hub's clock
+    # carves them out of `training_step`.
+    class SlowBackward(Callback):
+        def on_before_backward(self, *args: Any) -> None:
+            time.sleep(0.004)
+
+    slow = SlowBackward()
+    plain = WallTimeLedger()
+    _fit([plain])
+    ledger = WallTimeLedger()
+    _fit([ledger, slow, HookHub([slow])])
+    charged = ledger.details()[("callback:SlowBackward", "on_before_backward")]
+    assert charged >= STEPS * 0.004
+    assert ledger.callback_seconds()["SlowBackward"] == pytest.approx(charged)
+    # BoringModel's step is well under a millisecond: the sleeps are not in the step any more
+    assert ledger.seconds()["training_step"] < STEPS * 0.004
+    assert plain.seconds()["training_step"] > 0.0
+    assert sum(ledger.seconds().values()) == pytest.approx(ledger.total_s)  # nothing lost
+
+
 @pytest.mark.parametrize(
     ("members", "error", "match"),
     [

@@ -105,3 +105,74 @@ def test_a_subclass_of_the_default_profiler_keeps_its_own_start_and_stop() -> No
     ]
     assert heard.heard == [("run_training_batch", True), ("run_training_batch", False)]
     assert "start" not in vars(trainer.profiler)
+
+
+def test_the_default_profilers_context_tells_the_listeners_and_yields_the_name() -> None:
+    # With Lightning's default profiler the tap answers `profile(name)` itself (no
+    # contextlib generator): the same starts and stops, the same value bound by `as`, the
+    # exception passed on, and the class's `profile` back after the last untap.
+    profiler = PassThroughProfiler()
+    trainer = _Trainer(profiler)
+    heard = _Heard()
+    tap(trainer, heard)
+    assert "profile" in vars(profiler)
+    with profiler.profile("outer") as name, profiler.profile("inner"):
+        assert name == "outer"
+    try:
+        with profiler.profile("raises"):
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    else:  # pragma: no cover - the context must not swallow it
+        raise AssertionError("the exception was swallowed")
+    assert heard.heard == [
+        ("outer", True),
+        ("inner", True),
+        ("inner", False),
+        ("outer", False),
+        ("raises", True),
+        ("raises", False),
+    ]
+    untap(trainer, heard)
+    assert "profile" not in vars(profiler)
+    with profiler.profile("after"):
+        pass
+    assert heard.heard[-1] == ("raises", False)
+
+
+def test_a_listener_that_leaves_inside_an_action_does_not_hear_it_stop() -> None:
+    trainer = _Trainer(PassThroughProfiler())
+    staying, leaving = _Heard(), _Heard()
+    tap(trainer, staying)
+    tap(trainer, leaving)
+    with trainer.profiler.profile("x"):
+        untap(trainer, leaving)
+    assert leaving.heard == [("x", True)]
+    assert staying.heard == [("x", True), ("x", False)]
+    untap(trainer, staying)
+
+
+def test_a_handler_is_chosen_once_per_name() -> None:
+    asked: list[str] = []
+    heard: list[tuple[str, str, bool]] = []
+
+    class PerName:
+        def handler(self, name: str) -> Any:
+            asked.append(name)
+            if name == "ignored":
+                return None
+            return lambda action, started, now: heard.append((name, action, started))
+
+        def on_action(self, name: str, started: bool, now: float) -> None:  # pragma: no cover
+            raise AssertionError("a listener with a handler is not called here")
+
+    trainer = _Trainer(PassThroughProfiler())
+    listener = PerName()
+    tap(trainer, listener)
+    for _ in range(3):
+        for name in ("kept", "ignored"):
+            with trainer.profiler.profile(name):
+                pass
+    assert asked == ["kept", "ignored"]
+    assert heard == [("kept", "kept", True), ("kept", "kept", False)] * 3
+    untap(trainer, listener)

@@ -206,7 +206,7 @@ def test_logged_phases_add_up_to_the_step_time(tmp_path: Path) -> None:
 def test_a_sampled_timeline_times_one_step_in_n_with_its_data_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(timeline_options, "SAMPLED_FROM_STEP", 4)  # 64 in use: a short fit
+    monkeypatch.setattr(timeline_options, "SAMPLED_FROM_STEP", 4)  # 16 in use: a short fit
     timeline = StepTimeline(log_every_n_steps=4, sample_every_n_steps=4, nvtx=False)
     trainer = Trainer(
         callbacks=[timeline],
