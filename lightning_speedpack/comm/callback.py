@@ -26,6 +26,7 @@ from lightning_speedpack.comm.findings import (
 from lightning_speedpack.comm.sync_dist import SyncDistRecorder, install, uninstall
 from lightning_speedpack.comm.timing_hook import CommTimer, attach_timer
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import hub_of
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
 
@@ -190,7 +191,8 @@ class CommMonitor(Callback):
         state["_ddp"] = None
         state["_module"] = None
         state["_timer"] = None
-        state.pop("on_before_backward", None)  # the class's (silenced) default again
+        if hub_of(self) is None:
+            state.pop("on_before_backward", None)  # the class's method again
         return state
 
     # ---- Lightning plumbing --------------------------------------------------------------
@@ -201,6 +203,8 @@ class CommMonitor(Callback):
             return
         self._release()
         self._reset()
+        if hub_of(self) is None:  # the class's method again, for the first backward
+            self.__dict__.pop("on_before_backward", None)
         self._fit_start = perf_counter()
         self._world_size = trainer.world_size
         self._rank = trainer.global_rank
@@ -218,6 +222,7 @@ class CommMonitor(Callback):
                 else f"{type(trainer.strategy).__name__} does not wrap the model in "
                 "DistributedDataParallel, whose timings this reads"
             )
+            self._no_backward_hook()
             return
         self._ddp = ddp
         data = ddp_stats.logging_data(ddp)
@@ -226,9 +231,9 @@ class CommMonitor(Callback):
             # DDP's statistics are missing: time the all-reduce with a hook of ours, registered
             # just before the first backward (after every hook of the user's that could come
             # first: setup, on_fit_start, on_train_start, the first on_train_batch_start).
-            # Lightning calls the instance's on_before_backward (its default is silenced).
-            self.on_before_backward = self._attach_timer  # type: ignore[method-assign,assignment]
             self._timer_pending = True
+        else:
+            self._no_backward_hook()
         if getattr(pl_module, "automatic_optimization", True):
             # Lightning runs the other batches of an accumulation window under DDP's no_sync.
             self._per_iteration = max(1, int(getattr(trainer, "accumulate_grad_batches", 1)))
@@ -238,9 +243,24 @@ class CommMonitor(Callback):
         if data is not None and rate is not None and ddp_stats.set_sample_rate(ddp, rate):
             self._rate, self._rate_set = rate, True
 
+    @override
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
+    ) -> None:
+        if self._timer_pending:
+            self._attach_timer(trainer, pl_module, loss)
+
+    def _no_backward_hook(self) -> None:
+        """Nothing to do at each backward from now on: Lightning (or the hub) skips the hook."""
+        hub = hub_of(self)
+        if hub is not None:
+            hub.quiet(self, ("on_before_backward",))
+        else:
+            self.on_before_backward = None  # type: ignore[method-assign,assignment]
+
     def _attach_timer(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
         """The first ``on_before_backward`` where DDP's stats are missing: the timing hook."""
-        self.on_before_backward = None  # type: ignore[method-assign,assignment]
+        self._no_backward_hook()
         self._timer_pending = False
         if self._ddp is None:
             return
@@ -336,7 +356,7 @@ class CommMonitor(Callback):
     def _release(self) -> None:
         """Give back what the fit borrowed: DDP's sample rate, the module's log methods."""
         if self._timer_pending:
-            self.on_before_backward = None  # type: ignore[method-assign,assignment]
+            self._no_backward_hook()
             self._timer_pending = False
         timer, self._timer = self._timer, None
         if timer is not None:

@@ -14,6 +14,13 @@ The members' seconds stay theirs: :meth:`HookHub.seconds` gives each ``(member, 
 share, which the wall-time ledger hands back to the members' own lines. A hook that a member
 sets on its instance after the hub took its hooks over (a one-off hook set at ``setup``) is
 Lightning's to call, as before.
+
+A hub that *owns* its members (``owns=True``, the doctor's) goes in the Trainer's callbacks
+instead of them: Lightning loops over its callbacks for every hook it calls, ~7 a batch, so
+ten members that sit there cost ~200 interpreted lines a batch even with their per-batch hooks
+None. The hub then calls every other hook of theirs too, each under the profiler name
+Lightning would give it (``[Callback]<state_key>.<hook>``), and :func:`callbacks_of` lists
+them where they would have been.
 """
 
 from __future__ import annotations
@@ -27,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, overrides
-from lightning_speedpack.core.lightning import Callback
+from lightning_speedpack.core.lightning import Callback, classes
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-__all__ = ["HookHub", "hub_of"]
+__all__ = ["HookHub", "callbacks_of", "hub_of"]
 
 _HUBS: weakref.WeakKeyDictionary[Any, HookHub] = weakref.WeakKeyDictionary()  # member -> its hub
 
@@ -43,6 +50,37 @@ def hub_of(member: Any) -> HookHub | None:
         return _HUBS.get(member)
     except TypeError:  # not weak-referenceable: no hub took it
         return None
+
+
+def callbacks_of(trainer: Any) -> list[Any]:
+    """``trainer.callbacks`` with an owning hub's members after it: every callback that runs.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from pytorch_lightning import Callback
+        >>> mine, member = Callback(), Callback()
+        >>> hub = HookHub([member], owns=True)
+        >>> [c is x for c, x in zip(callbacks_of(SimpleNamespace(callbacks=[mine, hub])),
+        ...                         [mine, hub, member])]
+        [True, True, True]
+    """
+    found: list[Any] = []
+    for callback in getattr(trainer, "callbacks", None) or ():
+        found.append(callback)
+        if isinstance(callback, HookHub) and callback.owns:
+            found.extend(callback.present)
+    return found
+
+
+def _once_hooks() -> tuple[str, ...]:
+    """Lightning's callback hooks other than the per-batch ones, which an owning hub forwards."""
+    names = {
+        name
+        for base in classes("Callback")
+        for name, value in vars(base).items()
+        if callable(value) and (name.startswith("on_") or name in ("setup", "teardown"))
+    }
+    return tuple(sorted(names - set(PER_BATCH_HOOKS)))
 
 
 def _timed(
@@ -69,8 +107,16 @@ class HookHub(Callback):
     are left alone): from then on the hub calls them, and Lightning calls the members' other
     hooks as before.
 
+    With ``owns=True`` the members are *not* in the Trainer's callbacks: put the hub there in
+    their place. It calls all their hooks (the others under their own profiler names, in the
+    members' order), Lightning loops over one callback where it looped over all of them, and
+    :func:`callbacks_of` lists them. Their ``state_dict`` stays out of the Trainer's
+    checkpoints (the doctor's callbacks write nothing there). A member whose class the model's
+    ``configure_callbacks`` also returns is left out of the fit, as Lightning would replace it.
+
     Args:
         members: the callbacks whose per-batch hooks the hub calls (each at most once).
+        owns: the members are not in the Trainer's callbacks: the hub calls all their hooks.
 
     Example:
         >>> from pytorch_lightning import Callback, Trainer
@@ -90,10 +136,14 @@ class HookHub(Callback):
         ([3, 3], ['on_train_batch_end', 'on_train_batch_end'])
     """
 
-    def __init__(self, members: Sequence[Any]) -> None:
+    def __init__(self, members: Sequence[Any], *, owns: bool = False) -> None:
         if isinstance(members, (str, bytes)) or not isinstance(members, Sequence):
             raise TypeError(f"`members` must be a sequence of callbacks, got {members!r}")
+        if not isinstance(owns, bool):
+            raise TypeError(f"`owns` must be a bool, got {owns!r}")
         self.members = list(members)
+        self.owns = owns
+        self.present = list(self.members)  # the members in the fit (Lightning's choice)
         if len({id(m) for m in self.members}) != len(self.members):
             raise ValueError("`members` lists a callback twice: its hooks would run twice a batch")
         # hook -> [(member, its hook)], taken over once; dispatched for the members in the fit
@@ -111,12 +161,17 @@ class HookHub(Callback):
         for member in self.members:
             with contextlib.suppress(TypeError):  # unhashable or no weak reference: never quiet
                 _HUBS[member] = self
+        if owns:
+            for hook in _once_hooks():
+                if hook != "setup":  # the hub's own, which forwards it
+                    setattr(self, hook, self._forwarder(hook))
         self._dispatch(self.members)
 
     def _dispatch(self, present: list[Any]) -> None:
         """Dispatch each taken-over hook to the members in ``present``, counting from zero."""
         self._spent.clear()
         self._full.clear()
+        self.present = list(present)
         ids = {id(p) for p in present}
         for hook, taken in self._taken.items():
             kept = [(m, fn) for m, fn in taken if id(m) in ids]
@@ -176,6 +231,36 @@ class HookHub(Callback):
         # Only the members Lightning kept: a model's `configure_callbacks` replaces a Trainer
         # callback of the same type, and a member that is not set up must not run. A new fit
         # counts from zero, as the wall-time ledger starts a new ledger.
-        present = [m for m in self.members if any(m is c for c in trainer.callbacks)]  # type: ignore[attr-defined]
-        if stage == "fit" or len(present) != len(self.members):
+        present = self._present(trainer)
+        if stage == "fit" or len(present) != len(self.present):
             self._dispatch(present)
+        if self.owns:
+            self._forward("setup", trainer, pl_module, stage=stage)
+
+    def _present(self, trainer: pl.Trainer) -> list[Any]:
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        if not self.owns:
+            return [m for m in self.members if any(m is c for c in callbacks)]
+        # Lightning replaces a Trainer callback whose class the model's callbacks also have.
+        bases = set(classes("Callback")) | {Callback}
+        theirs = tuple({type(c) for c in callbacks if c is not self} - bases)
+        return [m for m in self.members if not isinstance(m, theirs)]
+
+    def _forwarder(self, hook: str) -> Callable[..., None]:
+        def forward(
+            trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kw: Any
+        ) -> None:
+            self._forward(hook, trainer, pl_module, *args, **kw)
+
+        forward.__name__ = hook
+        return forward
+
+    def _forward(
+        self, hook: str, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kw: Any
+    ) -> None:
+        """Call each present member's ``hook`` as Lightning would have (``if callable``)."""
+        for member in self.present:
+            fn = getattr(member, hook, None)
+            if callable(fn):
+                with trainer.profiler.profile(f"[Callback]{member.state_key}.{hook}"):  # type: ignore[attr-defined]
+                    fn(trainer, pl_module, *args, **kw)

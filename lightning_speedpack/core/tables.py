@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.core.lightning import rank_zero_warn
 from lightning_speedpack.core.registry import Diagnosable
 
@@ -248,7 +249,7 @@ def log_fit_end(trainer: pl.Trainer, callback: TableSource) -> None:
         return
     try:
         callback.log_tables(trainer)
-        sources = [c for c in trainer.callbacks if isinstance(c, TableSource)]  # type: ignore[attr-defined]
+        sources = [c for c in callbacks_of(trainer) if isinstance(c, TableSource)]
         if sources and sources[-1] is callback:
             log_findings(trainer)
     except Exception as err:  # the fit has ended: a logger's failure must not undo it
@@ -285,7 +286,7 @@ def log_findings(trainer: pl.Trainer, callbacks: Iterable[Any] | None = None) ->
         return []
     found: list[Finding] = []
     figures: dict[str, Any] = {}
-    chosen = list(trainer.callbacks if callbacks is None else callbacks)  # type: ignore[attr-defined]
+    chosen = list(callbacks_of(trainer) if callbacks is None else callbacks)
     for callback in chosen:
         if not isinstance(callback, Diagnosable):
             continue

@@ -16,6 +16,7 @@ from typing_extensions import override
 from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.cpu_wait import thread_cpu_wait_s
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.logged_batch_size import unwatch, watch
 from lightning_speedpack.core.registry import Diagnosable
@@ -169,7 +170,7 @@ class RunRecorder(Callback):
         """What this rank sends rank 0 (see :mod:`lightning_speedpack.world.payload`)."""
         figures: dict[str, Any] = {}
         found: list[Finding] = []
-        for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        for callback in callbacks_of(trainer):
             if callback is self or not isinstance(callback, Diagnosable):
                 continue
             try:  # one failing diagnostic must not cost the rank its row

@@ -13,6 +13,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
@@ -320,7 +321,7 @@ class LossRetentionDetector(Callback):
         # every step would cost more than all the user's roots under `speedpack doctor`.
         callbacks = [
             c
-            for c in trainer.callbacks  # type: ignore[attr-defined]
+            for c in callbacks_of(trainer)
             if c is not self and not type(c).__module__.startswith(_PACK)
         ]
         roots.extend((type(callback).__name__, callback) for callback in callbacks)
@@ -400,7 +401,7 @@ class LossRetentionDetector(Callback):
         if not remaining:
             return None
         names = {id(pl_module): "model", id(trainer): "trainer"}
-        names.update((id(cb), type(cb).__name__) for cb in trainer.callbacks)  # type: ignore[attr-defined]
+        names.update((id(cb), type(cb).__name__) for cb in callbacks_of(trainer))
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None:
             names[id(datamodule)] = "datamodule"

@@ -25,7 +25,7 @@ from typing_extensions import override
 
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.findings import Finding
-from lightning_speedpack.core.hook_hub import HookHub
+from lightning_speedpack.core.hook_hub import HookHub, callbacks_of
 from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, TRAIN_STEP_HOOKS, overrides
 from lightning_speedpack.core.lightning import Callback, classes
 from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
@@ -218,7 +218,7 @@ class WallTimeLedger(Callback):
         self._reset()  # a new fit, a new ledger
         self._trainer = trainer
         self.ledger.open(start, "setup")
-        self._callbacks = {cb.state_key: cb for cb in trainer.callbacks}  # type: ignore[attr-defined]
+        self._callbacks = {cb.state_key: cb for cb in callbacks_of(trainer)}
         self._hubs = [cb for cb in trainer.callbacks if isinstance(cb, HookHub)]  # type: ignore[attr-defined]
         self._install(trainer)
 

@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_speedpack.comm import CommMonitor
+from lightning_speedpack.core.hook_hub import HookHub
 from tests.comm.test_ddp import MLP, STEPS
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import quiet_trainer_kwargs
@@ -59,12 +60,13 @@ class PutBack(Callback):
         self.hooks = [hook.__name__ for hook, _ in trainer.strategy.model._comm_hooks]
 
 
-def _fit(tmp: str, users: bool) -> dict[str, Any]:
+def _fit(tmp: str, users: bool, hub: bool = False) -> dict[str, Any]:
     method = DistributedDataParallel._get_ddp_logging_data
     del DistributedDataParallel._get_ddp_logging_data  # this rank's process only (spawned)
     monitor, put_back = CommMonitor(), PutBack(method)
     trainer = Trainer(
-        callbacks=[monitor, put_back],
+        # under the doctor the monitor is a member of a hub that calls its hooks
+        callbacks=[HookHub([monitor], owns=True) if hub else monitor, put_back],
         **quiet_trainer_kwargs(tmp, devices=2, strategy="ddp", max_steps=STEPS),
     )
     model = WithUsersHook() if users else MLP()
@@ -77,8 +79,11 @@ def _fit(tmp: str, users: bool) -> dict[str, Any]:
     }
 
 
-def test_without_ddp_statistics_a_timing_hook_measures_the_all_reduce(tmp_path: Path) -> None:
-    for result in run_ddp(_fit, str(tmp_path), users=False, timeout=200):
+@pytest.mark.parametrize("hub", [False, True], ids=["alone", "under-a-hub"])
+def test_without_ddp_statistics_a_timing_hook_measures_the_all_reduce(
+    tmp_path: Path, hub: bool
+) -> None:
+    for result in run_ddp(_fit, str(tmp_path), users=False, hub=hub, timeout=200):
         figures = result["figures"]
         assert result["hooks"] == ["timed_allreduce"]  # one hook: the monitor's
         assert figures["comm_source"] == "a timing communication hook"

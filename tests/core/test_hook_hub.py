@@ -6,11 +6,12 @@ import time
 from typing import Any
 
 import pytest
+import torch
 from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 from lightning_speedpack import WallTimeLedger
-from lightning_speedpack.core.hook_hub import HookHub, hub_of
+from lightning_speedpack.core.hook_hub import HookHub, callbacks_of, hub_of
 from lightning_speedpack.core.lightning import Callback
 from tests.helpers.models import ProfiledNames
 
@@ -195,6 +196,83 @@ def test_a_member_lightning_replaced_with_the_models_own_callback_is_not_called(
 
     _fit([replaced, kept, HookHub([replaced, kept])], Model())
     assert {name for name, _ in calls} == {"kept", "model's"}
+
+
+class _EveryHook(Recording):
+    """Records its once-a-fit hooks too, and keeps a state Lightning would checkpoint."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.calls.append((self.name, "setup:fit" if stage == "fit" else "setup:other"))
+
+    def on_train_end(self, *args: Any) -> None:
+        self.calls.append((self.name, "train_end"))
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.calls.append((self.name, f"exception:{exception}"))
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.calls.append((self.name, "teardown:fit" if stage == "fit" else "teardown:other"))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"calls": len(self.calls)}
+
+
+def test_an_owning_hub_stands_in_for_its_members_and_calls_all_their_hooks(
+    tmp_path: Any,
+) -> None:
+    calls: list[tuple[str, str]] = []
+    members = [_EveryHook("a", calls), _EveryHook("b", calls)]
+    hub = HookHub(members, owns=True)
+    profiler = ProfiledNames()
+    trainer = _fit([hub], profiler=profiler, default_root_dir=tmp_path)
+    assert [c for c in trainer.callbacks if isinstance(c, _EveryHook)] == []
+    assert callbacks_of(trainer)[-3:] == [hub, *members]
+    once = [c for c in calls if c[1] not in ("start", "backward", "end")]
+    assert once == [
+        ("a", "setup:fit"),
+        ("b", "setup:fit"),
+        ("a", "train_end"),
+        ("b", "train_end"),
+        ("a", "teardown:fit"),
+        ("b", "teardown:fit"),
+    ]
+    assert len(calls) - len(once) == 6 * STEPS  # each member's per-batch hooks, once a batch
+    # Each member's once-a-fit hook keeps the profiler name Lightning would have given it.
+    assert "[Callback]_EveryHook.on_train_end" in profiler.names
+    # The doctor's callbacks write nothing into the user's checkpoints.
+    trainer.save_checkpoint(tmp_path / "saved.ckpt")
+    saved = torch.load(tmp_path / "saved.ckpt", weights_only=False)
+    assert not any("_EveryHook" in key for key in saved.get("callbacks", {}))
+
+
+def test_an_owning_hub_passes_an_exception_to_its_members() -> None:
+    calls: list[tuple[str, str]] = []
+    member = _EveryHook("a", calls)
+
+    class Fails(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit([HookHub([member], owns=True)], Fails())
+    assert ("a", "exception:boom") in calls
+
+
+def test_an_owned_member_whose_class_the_model_brings_is_left_out() -> None:
+    calls: list[tuple[str, str]] = []
+    replaced, kept = _EveryHook("replaced", calls), Recording("kept", calls)
+
+    class Model(BoringModel):
+        def configure_callbacks(self) -> list[Any]:
+            return [_EveryHook("model's", calls)]
+
+    _fit([HookHub([replaced, kept], owns=True)], Model())
+    assert {name for name, _ in calls} == {"kept", "model's"}
+
+
+def test_owns_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="`owns` must be a bool"):
+        HookHub([], owns="yes")  # type: ignore[arg-type]
 
 
 class _QuietsAfterTheFirstBatch(Recording):

@@ -16,6 +16,7 @@ import pytest
 import pytorch_lightning as pl
 from pytorch_lightning import Callback, Trainer
 
+from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.doctor import Finding, register_diagnostic, unregister_diagnostic
 from lightning_speedpack.doctor.runner import DoctorSession, RunRecorder, run_script
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
@@ -34,7 +35,8 @@ trainer = Trainer(accelerator="cpu", max_steps=5, logger=False, enable_checkpoin
                   enable_progress_bar=False, enable_model_summary=False,
                   default_root_dir={root!r})
 trainer.fit(BoringModel())
-print("callbacks:", sorted(type(c).__name__ for c in trainer.callbacks))
+from lightning_speedpack.core.hook_hub import callbacks_of
+print("callbacks:", sorted(type(c).__name__ for c in callbacks_of(trainer)))
 """
 
 
@@ -93,7 +95,7 @@ def test_trainer_init_is_restored_after_the_script(tmp_path: Path, probe: None) 
     run_script(_script(tmp_path, "raise RuntimeError('x')\n"))
     assert pl.Trainer.__init__ is original
     trainer = Trainer(**quiet_trainer_kwargs(tmp_path))
-    assert not any(isinstance(c, (Probe, RunRecorder)) for c in trainer.callbacks)
+    assert not any(isinstance(c, (Probe, RunRecorder)) for c in callbacks_of(trainer))
 
 
 def test_a_callback_the_user_added_is_not_added_twice(tmp_path: Path, probe: None) -> None:
@@ -103,7 +105,7 @@ def test_a_callback_the_user_added_is_not_added_twice(tmp_path: Path, probe: Non
         trainer = Trainer(callbacks=[mine], **quiet_trainer_kwargs(tmp_path, max_steps=3))
     with DoctorSession().installed():
         single = Trainer(callbacks=mine, **quiet_trainer_kwargs(tmp_path, max_steps=3))
-    probes = [c for c in trainer.callbacks if isinstance(c, Probe)]
+    probes = [c for c in callbacks_of(trainer) if isinstance(c, Probe)]
     assert probes == [mine]
     assert [c for c in single.callbacks if isinstance(c, Probe)] == [mine]
     trainer.fit(SizedBoringModel())
@@ -176,7 +178,8 @@ trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=3, log
                   enable_checkpointing=False, enable_progress_bar=False,
                   enable_model_summary=False, default_root_dir={root!r})
 trainer.fit(BoringModel())
-names = sorted(type(c).__name__ for c in trainer.callbacks)
+from lightning_speedpack.core.hook_hub import callbacks_of
+names = sorted(type(c).__name__ for c in callbacks_of(trainer))
 with open(os.path.join({root!r}, f"rank{{trainer.global_rank}}.txt"), "w") as f:
     f.write(",".join(names))
 """
@@ -417,7 +420,8 @@ from {ns}.cli import LightningCLI
 from {ns}.demos.boring_classes import BoringModel
 
 cli = LightningCLI(BoringModel, save_config_kwargs={{"overwrite": True}})
-print("callbacks:", sorted(type(c).__name__ for c in cli.trainer.callbacks))
+from lightning_speedpack.core.hook_hub import callbacks_of
+print("callbacks:", sorted(type(c).__name__ for c in callbacks_of(cli.trainer)))
 """
 
 
@@ -490,7 +494,7 @@ def deep_probe() -> Iterator[None]:
 def _attached(session: DoctorSession, tmp_path: Path) -> set[str]:
     with session.installed():
         trainer = Trainer(**quiet_trainer_kwargs(tmp_path, max_steps=1))
-    return {type(c).__name__ for c in trainer.callbacks}
+    return {type(c).__name__ for c in callbacks_of(trainer)}
 
 
 def test_deep_diagnostics_run_only_with_deep_and_the_report_names_them(
@@ -605,9 +609,13 @@ def test_lightning_dispatches_the_doctors_per_batch_hooks_once_a_batch(tmp_path:
         )
     trainer.fit(SizedBoringModel())
     (hub,) = [c for c in trainer.callbacks if isinstance(c, HookHub)]
-    timeline = next(c for c in trainer.callbacks if isinstance(c, StepTimeline))
+    timeline = next(c for c in callbacks_of(trainer) if isinstance(c, StepTimeline))
     assert timeline in hub.members
     assert mine not in hub.members
+    # Lightning loops over the hub alone for the doctor's callbacks, and over the user's own.
+    assert [
+        c for c in trainer.callbacks if type(c).__module__.startswith("lightning_speedpack")
+    ] == [mine, hub]
     hook = ".on_train_batch_end"
     ends = sorted(
         a.removeprefix("[Callback]").removesuffix(hook)
@@ -617,6 +625,6 @@ def test_lightning_dispatches_the_doctors_per_batch_hooks_once_a_batch(tmp_path:
     # One dispatch a batch for all the doctor's callbacks, one for the user's own instance.
     assert ends == sorted(["HookHub"] * 3 + [mine.state_key] * 3)
     # The ledger still charges each tool its own per-batch hooks, and never the hub.
-    ledger = next(c for c in trainer.callbacks if type(c).__name__ == "WallTimeLedger")
+    ledger = next(c for c in callbacks_of(trainer) if type(c).__name__ == "WallTimeLedger")
     assert "HookHub" not in ledger.callback_seconds()
     assert ("callback:StepTimeline", "on_train_batch_end") in ledger.details()

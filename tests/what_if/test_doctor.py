@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_speedpack import WhatIf
+from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.doctor.cli import main
 from lightning_speedpack.doctor.runner import FLAGS_ENV, DoctorSession
 from lightning_speedpack.what_if.callback import BUDGET_ENV
@@ -30,7 +31,7 @@ def test_the_doctor_attaches_what_if_only_with_the_flag(ns: Namespace, tmp_path:
     def attached(session: DoctorSession) -> list[object]:
         with session.installed():
             trainer = ns.Trainer(**quiet_trainer_kwargs(tmp_path))
-        return [c for c in trainer.callbacks if isinstance(c, WhatIf)]
+        return [c for c in callbacks_of(trainer) if isinstance(c, WhatIf)]
 
     assert attached(DoctorSession()) == []
     assert attached(DoctorSession(deep=True)) == []
