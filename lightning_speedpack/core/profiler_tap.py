@@ -56,28 +56,51 @@ class _Action:
     nothing, so the tap answers ``profile(name)`` with one stateless object per action name that
     tells the listeners and does nothing else: Lightning's profiled calls cost less under the
     tap than without it, and the listeners hear the same starts and stops in the same order.
+    An action no listener wants is a :class:`_Silent` one (most of them), one that someone
+    hears a :class:`_Heard` one; :meth:`reroute` switches between the two.
     """
 
     __slots__ = ("back", "name", "route")
 
     def __init__(self, name: str, route: tuple[Callable[[str, bool, float], None], ...]) -> None:
         self.name = name
-        self.route, self.back = route, route[::-1]  # a stop is heard in reverse order
+        self.reroute(route)
+
+    def reroute(self, route: tuple[Callable[[str, bool, float], None], ...]) -> None:
+        """Who hears this action from now on (in order; a stop is heard in reverse order)."""
+        self.route, self.back = route, route[::-1]
+        self.__class__ = _Heard if route else _Silent
+
+    def __enter__(self) -> str:  # pragma: no cover - always one of the two below
+        raise NotImplementedError
+
+    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class _Silent(_Action):
+    __slots__ = ()
 
     def __enter__(self) -> str:
-        route = self.route
-        if route:
-            now = perf_counter()
-            for on_action in route:
-                on_action(self.name, True, now)
         return self.name  # what the base ``profile`` yields
 
     def __exit__(self, *exc_info: object) -> None:
-        back = self.back
-        if back:
-            now = perf_counter()
-            for on_action in back:
-                on_action(self.name, False, now)
+        return None
+
+
+class _Heard(_Action):
+    __slots__ = ()
+
+    def __enter__(self) -> str:
+        now = perf_counter()
+        for on_action in self.route:
+            on_action(self.name, True, now)
+        return self.name
+
+    def __exit__(self, *exc_info: object) -> None:
+        now = perf_counter()
+        for on_action in self.back:
+            on_action(self.name, False, now)
 
 
 class _Actions(dict[str, _Action]):
@@ -154,8 +177,7 @@ class _Tap:
         In place: an action entered before the change is heard stopping by who listens now.
         """
         for name, action in self.actions.items():
-            action.route = route = self._route(name)
-            action.back = route[::-1]
+            action.reroute(self._route(name))
 
     def remove(self) -> None:
         for key in ("start", "stop", "profile"):
