@@ -290,8 +290,12 @@ class WallTimeLedger(Callback):
         if found is _IGNORED:
             return None
         key, detail = found
-        if found is _FETCHED or key == "batch_transfer" or name == "save_checkpoint":
+        if found is _FETCHED:
+            return self._on_fetch
+        if name == "save_checkpoint":
             return self.on_action
+        if key == "batch_transfer":
+            return self._transfer_action(detail)
 
         def bracket(action: str, started: bool, now: float) -> None:
             if started:
@@ -300,6 +304,16 @@ class WallTimeLedger(Callback):
                 self.ledger.leave(now, action)
 
         return bracket
+
+    def _transfer_action(self, detail: str) -> Callable[[str, bool, float], None]:
+        def transfer(action: str, started: bool, now: float) -> None:
+            if not started:
+                self.ledger.leave(now, action)
+            elif self.ledger.top not in ("validation", "sanity_check"):
+                # (the validation loop's own copy is validation)
+                self.ledger.enter(now, "batch_transfer", token=action, detail=detail)
+
+        return transfer
 
     def _found(self, name: str) -> tuple[str, str]:
         # One dict look-up for the ~150 actions a batch under the doctor; most are ignored.
@@ -314,7 +328,7 @@ class WallTimeLedger(Callback):
         if found is _IGNORED:
             return
         if found is _FETCHED:
-            self._on_fetch(started, now, name)
+            self._on_fetch(name, started, now)
             return
         if not started:
             self.ledger.leave(now, name)
@@ -326,7 +340,7 @@ class WallTimeLedger(Callback):
             self.saves += 1
         self.ledger.enter(now, key, token=name, detail=detail)
 
-    def _on_fetch(self, started: bool, now: float, name: str) -> None:
+    def _on_fetch(self, name: str, started: bool, now: float) -> None:
         if started:
             self.ledger.enter(now, "epoch_start" if self._first_fetch else "data_wait", token=name)
             return
