@@ -10,7 +10,8 @@ its ``next``) in ``profiler.start(name)`` /
 That is the one place where every second of a fit is announced by name, so the pack's tools
 listen there instead of guessing from the gaps between their own hooks.
 
-A tap sets ``start`` and ``stop`` as *instance* attributes of the Trainer's profiler object:
+A tap sets ``start`` and ``stop`` (over Lightning's default profiler, ``profile`` too: see
+:class:`_Action`) as *instance* attributes of the Trainer's profiler object:
 the profiler's class, its ``isinstance`` checks and its own timing are untouched (each listener
 runs before the profiler's own ``start`` and after its own ``stop``), and :func:`untap` removes
 the attributes when the last listener leaves. Several tools may listen to the same Trainer.
