@@ -191,8 +191,7 @@ class CommMonitor(Callback):
         state["_ddp"] = None
         state["_module"] = None
         state["_timer"] = None
-        if hub_of(self) is None:
-            state.pop("on_before_backward", None)  # the class's method again
+        state.pop("on_before_backward", None)  # a copy has no hub: the class's method again
         return state
 
     # ---- Lightning plumbing --------------------------------------------------------------

@@ -282,9 +282,9 @@ class WallTimeLedger(Callback):
     def handler(self, name: str) -> Callable[[str, bool, float], None] | None:
         """What hears the profiled action ``name`` (asked once per name by the tap).
 
-        A plain bracket (a callback's hook, the training batch: ~8 a batch) gets a closure
-        that opens and closes it with no look-up; the fetch, the copy and a save keep
-        :meth:`on_action`'s checks.
+        A plain bracket (a callback's hook, the training batch) gets a closure that opens and
+        closes it with no look-up, the fetch and the copy theirs; a save keeps
+        :meth:`on_action`'s count.
         """
         found = self._found(name)
         if found is _IGNORED:
