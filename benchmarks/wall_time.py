@@ -22,6 +22,7 @@ from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
 from pytorch_lightning.profilers import PassThroughProfiler
 
+from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.core.profiler_tap import FetchTimer, tap
 from lightning_speedpack.doctor.runner import DoctorSession
 from lightning_speedpack.wall_time import WallTimeLedger
@@ -44,7 +45,7 @@ def _doctored_actions() -> tuple[list[tuple[str, bool]], int, WallTimeLedger]:
             max_steps=60, limit_val_batches=0, logger=False, enable_progress_bar=False,
             enable_checkpointing=False, accelerator="cpu", enable_model_summary=False,
         )  # fmt: skip
-        ledger = next(c for c in trainer.callbacks if isinstance(c, WallTimeLedger))
+        ledger = next(c for c in callbacks_of(trainer) if isinstance(c, WallTimeLedger))
         original = ledger.setup
 
         def setup(trainer: Any, module: Any, stage: str) -> None:

@@ -444,6 +444,7 @@ def clean_fit(
     default set (and its run recorder) as ``speedpack doctor`` does; the disarming callback is
     then moved back to the end of the list.
     """
+    from lightning_speedpack.core.hook_hub import callbacks_of
     from lightning_speedpack.doctor.runner import DoctorSession
 
     recorder = DebugModeRecorder() if not ctx.dry else None
@@ -458,7 +459,8 @@ def clean_fit(
             fit = trainer(ctx, callbacks=[arm, *callbacks, disarm], **kwargs)
             fit.callbacks.remove(disarm)
             fit.callbacks.append(disarm)
-            attached = [c for c in fit.callbacks if c is not arm and c is not disarm]
+            # the doctor's own callbacks sit behind its HookHub: list them, not the hub
+            attached = [c for c in callbacks_of(fit) if c is not arm and c is not disarm]
             fit.fit(Clean(), data)
     finally:
         if recorder is not None:
