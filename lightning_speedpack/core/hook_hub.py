@@ -16,11 +16,11 @@ sets on its instance after the hub took its hooks over (a one-off hook set at ``
 Lightning's to call, as before.
 
 A hub that *owns* its members (``owns=True``, the doctor's) goes in the Trainer's callbacks
-instead of them: Lightning loops over its callbacks for every hook it calls, ~7 a batch, so
-ten members that sit there cost ~200 interpreted lines a batch even with their per-batch hooks
-None. The hub then calls every other hook of theirs too, each under the profiler name
-Lightning would give it (``[Callback]<state_key>.<hook>``), and :func:`callbacks_of` lists
-them where they would have been.
+instead of them: Lightning loops over its callbacks for every hook it calls, six a training
+batch, so ten members that sit there cost ~200 interpreted lines a batch even with their
+per-batch hooks None. The hub then calls every other hook of theirs too, each under the
+profiler name Lightning would give it (``[Callback]<state_key>.<hook>``), and
+:func:`callbacks_of` lists them where they would have been.
 """
 
 from __future__ import annotations

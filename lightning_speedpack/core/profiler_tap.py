@@ -72,12 +72,6 @@ class _Action:
         self.route, self.back = route, route[::-1]
         self.__class__ = _Heard if route else _Silent
 
-    def __enter__(self) -> str:  # pragma: no cover - always one of the two below
-        raise NotImplementedError
-
-    def __exit__(self, *exc_info: object) -> None:  # pragma: no cover
-        raise NotImplementedError
-
 
 class _Silent(_Action):
     __slots__ = ()

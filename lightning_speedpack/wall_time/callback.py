@@ -32,7 +32,14 @@ from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.wall_time.findings import RunSettings, ValidationRun, wall_findings
-from lightning_speedpack.wall_time.ledger import CALLBACK_PREFIX, PARTS, Ledger, part_of, share_out
+from lightning_speedpack.wall_time.ledger import (
+    CALLBACK_PREFIX,
+    PARTS,
+    Ledger,
+    carve,
+    part_of,
+    share_out,
+)
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -182,7 +189,12 @@ class WallTimeLedger(Callback):
             for (member, hook), spent in hub.seconds().items():
                 share = (_callback_key(member), hook)
                 shares[share] = shares.get(share, 0.0) + spent
-            _carve_in_step(_callback_key(hub), shares, seconds, details)
+            # The hub's in-step hooks are not bracketed (four brackets a batch): they were
+            # charged to the training step, and the hub timed each member's call.
+            measured = {
+                h: sum(s for (_, d), s in shares.items() if d == h) for h in TRAIN_STEP_HOOKS
+            }
+            carve("training_step", _callback_key(hub), measured, seconds, details)
             share_out(_callback_key(hub), shares, seconds, details)
         return seconds, details
 
@@ -548,30 +560,6 @@ class WallTimeLedger(Callback):
 
 def _share(value: float, total: float) -> float:
     return round(value / total, 4) if total > 0 else 0.0
-
-
-def _carve_in_step(
-    hub_key: str,
-    shares: dict[tuple[str, str], float],
-    seconds: dict[str, float],
-    details: dict[tuple[str, str], float],
-) -> None:
-    """Move a hub's in-step hooks' seconds (by its clock) from ``training_step`` to the hub.
-
-    The ledger does not bracket the hub's hooks that Lightning calls inside the training batch
-    (:data:`~lightning_speedpack.core.hooks.TRAIN_STEP_HOOKS`: four brackets a batch, a large
-    share of the ledger's own cost on a millisecond step): they were charged to
-    ``training_step``, and the hub timed each member's call. Only the doctor's own callbacks
-    are a hub's members, and none of their in-step hooks opens a bracket of its own.
-    """
-    for hook in TRAIN_STEP_HOOKS:
-        measured = sum(s for (_, h), s in shares.items() if h == hook)
-        moved = min(measured, seconds.get("training_step", 0.0))
-        if moved <= 0.0:
-            continue
-        seconds["training_step"] -= moved
-        seconds[hub_key] = seconds.get(hub_key, 0.0) + moved
-        details[(hub_key, hook)] = details.get((hub_key, hook), 0.0) + moved
 
 
 def _callback_key(callback: Any) -> str:

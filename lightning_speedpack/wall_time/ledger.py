@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-__all__ = ["ABSORBING", "PARTS", "Ledger", "part_of", "share_out"]
+__all__ = ["ABSORBING", "PARTS", "Ledger", "carve", "part_of", "share_out"]
 
 #: The ledger's parts, in the order a fit meets them (``callback:<Class>`` parts come per class).
 PARTS = (
@@ -157,6 +157,34 @@ class Ledger:
                 self.details[(key, detail)] += elapsed
         else:
             self.seconds[self._ambient] += elapsed
+
+
+def carve(
+    source: str,
+    key: str,
+    measured: dict[str, float],
+    seconds: dict[str, float],
+    details: dict[tuple[str, str], float],
+) -> None:
+    """Move ``measured`` seconds per detail, timed by another clock, from ``source`` to ``key``.
+
+    For work the ledger did not bracket (it ran inside ``source``'s bracket, which was charged
+    for it) but someone timed: each detail's seconds go to ``(key, detail)``, never more than
+    ``source`` has left, so the total does not move.
+
+    Example:
+        >>> seconds, details = {"training_step": 5.0}, {}
+        >>> carve("training_step", "callback:Hub", {"on_after_backward": 1.5}, seconds, details)
+        >>> seconds, details
+        ({'training_step': 3.5, 'callback:Hub': 1.5}, {('callback:Hub', 'on_after_backward'): 1.5})
+    """
+    for detail, value in measured.items():
+        moved = min(value, seconds.get(source, 0.0))
+        if moved <= 0.0:
+            continue
+        seconds[source] -= moved
+        seconds[key] = seconds.get(key, 0.0) + moved
+        details[(key, detail)] = details.get((key, detail), 0.0) + moved
 
 
 def share_out(
