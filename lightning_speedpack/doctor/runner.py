@@ -360,8 +360,8 @@ def run_script(
     # Python runs normally: a torchdata.nodes loader's `__del__` stops and joins its threads
     # at once. Left to a collection near exit, a thread told to stop there could still be
     # freeing its last tensor (the GIL released) as the interpreter finalized, and C++
-    # aborted the process (`terminate called without an active exception`; ~1 run in 8 of
-    # the invisibility grid's torchdata.nodes case). A plain job exits right after its script.
+    # aborted the process (`terminate called without an active exception`; 3 runs in 30 of
+    # the invisibility grid's torchdata.nodes job). A plain job exits right after its script.
     gc.collect()
     report = session.report()
     report.command = [str(script), *args]
