@@ -50,7 +50,7 @@ __all__ = ["TOOLS", "DoctorSession", "ScriptResult", "import_tools", "run_script
 TOOLS = (
     "lightning_speedpack.throughput.callback",
     "lightning_speedpack.sync_points.callback",
-    "lightning_speedpack.retention.callback",
+    "lightning_speedpack.retention.doctor",
     "lightning_speedpack.batch_size.callback",
     "lightning_speedpack.advisor.callback",
     "lightning_speedpack.timeline.doctor",

@@ -13,9 +13,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_speedpack.core.findings import Finding
-from lightning_speedpack.core.hook_hub import callbacks_of
+from lightning_speedpack.core.hook_hub import HookHub, callbacks_of, hub_of
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
-from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.retention import holders as retention
 from lightning_speedpack.retention.report import (
@@ -44,6 +43,7 @@ _NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per 
 _ONE_GRAPH_BYTES = 1 << 20  # a single retained graph is reported at once from this size on
 _TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
 _GLOBALS_REFRESH = 32  # batches between re-reading which globals and attributes to look at
+_TAGGED_FIRST = 16  # batches whose loss graphs are always tagged (see `_tag_due`)
 #: Module prefix of the pack's own callbacks, which the walk leaves out.
 _PACK = __name__.split(".", 1)[0] + "."
 
@@ -194,6 +194,11 @@ class LossRetentionDetector(Callback):
         self._cache_refresh = 0
         self._module_cache: retention.ModuleCache = {}
         self._epoch_end_walked = False  # the first epoch's last batch was walked
+        self._tagging = True  # whether this batch's loss graph is tagged (see `_tag_due`)
+        self._idle: tuple[str, ...] = ()  # the per-batch hooks a HookHub does not call now
+        self._extras = False  # whether training_step returned more than the loss
+        self._on_cuda = False
+        self._hub: HookHub | None = None
 
     @property
     def findings(self) -> list[RetainedGraph]:
@@ -202,7 +207,7 @@ class LossRetentionDetector(Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_extra_refs"] = []  # weak references do not pickle
+        state["_extra_refs"], state["_hub"] = [], None  # weak references, closures: no pickling
         return state
 
     # ------------------------------------------------------------------ hooks
@@ -218,6 +223,8 @@ class LossRetentionDetector(Callback):
         if self._first_seq is None:  # pragma: no cover - a torch without node numbers
             retention.mark_foreign(retention.heap_graph_tensors())
         self._train_started = self._scan_done_at = time.perf_counter()
+        self._on_cuda = pl_module.device.type == "cuda"
+        self._hub = hub_of(self)  # the doctor's, which calls this fit's per-batch hooks
         self._scan_seconds = retention.estimated_scan_seconds()
 
     @override
@@ -225,12 +232,64 @@ class LossRetentionDetector(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch += 1
+        self._tagging = self._tag_due(trainer, batch_idx)
+        hub = self._hub
+        if hub is None:
+            return
+        # Under a HookHub (the doctor's) a hook left to no one is not called at all.
+        idle: tuple[str, ...] = () if self._tagging else ("on_before_backward",)
+        if not self._end_due(trainer, batch_idx):
+            idle += ("on_train_batch_end",)
+        if idle != self._idle:
+            self._idle = idle
+            hub.quiet(self, idle)
 
     @override
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
     ) -> None:
-        retention.tag_graph(loss, self._batch, self._run, backward=True)
+        if self._tagging:
+            retention.tag_graph(loss, self._batch, self._run, backward=True)
+
+    def _tag_due(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+        """Whether this batch's loss is tagged: when the next batch may walk, and at first.
+
+        A walk knows a graph is from an earlier batch by its tag; an untagged graph it meets is
+        tagged then, as first seen, and reported by the next walk that still meets it. So with
+        the batch before each walk tagged, a list of losses is found by the first walk that
+        meets it (with the tagged graphs counted), and with the first batches tagged, a list
+        filled from the start is found nearly whole by the walk at the end of a short fit.
+        Tagging costs ~35 us a batch (``grad_fn.metadata`` writes), which the doctor's sparse
+        walks (one in 64 batches) no longer pay on nearly every batch.
+        """
+        every = self.check_every_n_steps
+        step = self._batch + 1  # the next batch, which may walk
+        if every == 1 or self._batch < _TAGGED_FIRST or step % every == 0:
+            return True
+        deep_every = self.deep_scan_every_n_steps
+        if deep_every > 0 and step - self._last_deep_scan >= deep_every:
+            return True
+        # the end of an epoch (the first one walks) or of the fit (which always walks)
+        last, max_steps = trainer.num_training_batches, trainer.max_steps
+        if isinstance(last, int) and batch_idx + 2 >= last:
+            return True
+        return max_steps > 0 and max_steps - trainer.global_step <= 2
+
+    def _end_due(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+        """Whether ``on_train_batch_end`` may do anything this batch (a HookHub skips it if not).
+
+        It walks on schedule, follows what ``training_step`` returns besides the loss, and on
+        CUDA watches the allocated memory; the first batches run it, to see what steps return.
+        """
+        if self._extras or self._on_cuda or self._batch < _TAGGED_FIRST:
+            return True
+        if self._batch % self.check_every_n_steps == 0:
+            return True
+        deep_every = self.deep_scan_every_n_steps
+        if deep_every > 0 and self._batch - self._last_deep_scan >= deep_every:
+            return True
+        last = trainer.num_training_batches
+        return not self._epoch_end_walked and batch_idx + 1 == last
 
     @override
     def on_train_batch_end(
@@ -247,7 +306,8 @@ class LossRetentionDetector(Callback):
             self._scans == 0 or step - self._last_deep_scan >= _TRIGGER_GAP
         )
         self._extra_refs = []
-        if isinstance(outputs, Mapping):
+        if isinstance(outputs, Mapping) and len(outputs) > ("loss" in outputs):
+            self._extras = True  # from now on, every batch's outputs are followed
             self._check_outputs(outputs, step)
         scheduled = (
             self.deep_scan_every_n_steps > 0
@@ -538,41 +598,3 @@ def _check_budget(value: object) -> None:
             f"`final_scan_budget` must be a non-negative fraction of the training time (0.05 "
             f"is 5%), got {value}"
         )
-
-
-# Under the doctor a holder is reported at the end of the run (the end of training always walks,
-# and so does the first epoch's last batch, for a list emptied at each epoch's end), so finding
-# it within a few steps buys nothing there: its walk runs every 64th step. Every 16th, the walk
-# was the largest part of the doctor's own code a step on the DDP zoo's 1 ms MLP (~210 of ~2,400
-# interpreted lines a step); `--deep` walks every step, as the callback does by default.
-_DOCTOR_CHECK_EVERY = 64
-# Heap scans (~0.1 s each on a small heap) were the largest one-off costs of the doctor's
-# default set: there, none is scheduled during training, and the one at the end runs only within
-# 1% of the training time; `--deep` schedules one every 100 steps (within 1% of the wall time)
-# and allows 5% at the end, as the callback's defaults do.
-_DOCTOR_FINAL_SCAN_BUDGET = 0.01
-
-
-def _factory(ctx: DoctorContext) -> LossRetentionDetector:
-    if ctx.deep:
-        return LossRetentionDetector(mode="warn")
-    return LossRetentionDetector(
-        mode="warn",
-        check_every_n_steps=_DOCTOR_CHECK_EVERY,
-        deep_scan_every_n_steps=0,  # heap scans on triggers and at the end only
-        final_scan_budget=_DOCTOR_FINAL_SCAN_BUDGET,
-    )
-
-
-register_diagnostic(
-    "loss_retention",
-    LossRetentionDetector,
-    factory=_factory,
-    order=30,
-    deep_adds=(
-        "the walk for retained graphs on every step (by default every 64th and the first epoch's"
-        " last batch) and the heap scan at"
-        " the end of training within 5% of the training time (by default 1%), and one every 100"
-        " steps within 1% of the wall time (by default none during training)"
-    ),
-)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from typing_extensions import override
 
-from lightning_speedpack.core import events
+from lightning_speedpack.core import events, sampling
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
@@ -138,10 +138,16 @@ class SyncPointWarnings(Callback):
         validation: also watch validation batches.
         allow: call sites to ignore: ``"path/file.py:123"``, ``"file.py"`` (every line) or a
             glob (``"*/losses.py:*"``).
+        sample_every_n_steps: watch every training step before step 16, then one step in this
+            many (``1``: every step). On the steps between nothing is watched: a wrapper
+            returns at once. Counts per step are per watched step; a sync made only on steps
+            that are never watched is missed. The doctor watches one step in 8 (the steps its
+            StepTimeline times), ``--deep`` every step.
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: ``mode`` is not one of ``"warn"``, ``"error"``, ``"summary"``.
+        ValueError: ``mode`` is not one of ``"warn"``, ``"error"``, ``"summary"``, or
+            ``sample_every_n_steps`` is below 1.
 
     Example:
         >>> from pytorch_lightning import Trainer
@@ -166,7 +172,9 @@ class SyncPointWarnings(Callback):
         include_cpu: bool = False,
         validation: bool = False,
         allow: str | tuple[str, ...] | list[str] = (),
+        sample_every_n_steps: int = 1,
     ) -> None:
+        self.sample_every_n_steps = sampling.check_sample_every(sample_every_n_steps)
         errors: list[str] = []
         if not isinstance(mode, str) or mode not in _MODES:
             errors.append(f"`mode` must be one of {', '.join(map(repr, _MODES))}, got {mode!r}")
@@ -228,9 +236,19 @@ class SyncPointWarnings(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._detector is not None:
-            self._train_batches += 1
-            self._detector.arm(trainer.global_step)
+        detector = self._detector
+        if detector is None:
+            return
+        step = trainer.global_step
+        if not sampling.sampled(step, self.sample_every_n_steps):
+            # Watch nothing until the next sampled step: the wrappers then return at once
+            # (~0.8 us a call). The indexing ones stay as the detector left them at the last
+            # step's end: out where the loader indexes a lot in the main process, else in
+            # (a swap would cost more: see `SyncDetector.disarm`).
+            detector.disarm(keep_indexing=True)
+            return
+        self._train_batches += 1
+        detector.arm(step)
 
     @override
     def on_train_batch_end(
@@ -436,6 +454,11 @@ register_diagnostic(
     "sync_points",
     SyncPointWarnings,
     # CPU tensors count too, so a CPU run shows what would sync on a GPU.
-    factory=lambda ctx: SyncPointWarnings(mode="summary", include_cpu=True),
+    factory=lambda ctx: SyncPointWarnings(
+        mode="summary",
+        include_cpu=True,
+        sample_every_n_steps=1 if ctx.deep else sampling.DOCTOR_SAMPLE_EVERY,
+    ),
     order=20,
+    deep_adds="watching every step for syncs (by default one step in 8 after the first 16)",
 )

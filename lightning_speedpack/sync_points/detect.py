@@ -40,6 +40,7 @@ from lightning_speedpack.sync_points.findings import (
     _display_path,
 )
 from lightning_speedpack.sync_points.patching import (
+    INDEXING,
     Saved,
     apply,
     armed,
@@ -117,6 +118,7 @@ class SyncDetector:
         self._last_batch: dict[tuple[str, int, str], int] = {}
         self._allowed: dict[tuple[str, int], bool] = {}
         self._saved: Saved = []
+        self._indexing_saved: Saved = []
         self.in_tail = False
         self._indexing_watched = True
         # Whether to take the indexing wrappers out between batches: decided after the first
@@ -148,6 +150,8 @@ class SyncDetector:
             )
         try:
             apply(patch_specs(), self._saved)
+            # the entries swapped between batches, for a loader that indexes a lot
+            self._indexing_saved = [entry for entry in self._saved if entry[1] in INDEXING]
             self._indexing_watched = True
             if self.sync_debug is not None:
                 self._install_debug_handler()
@@ -161,6 +165,7 @@ class SyncDetector:
         global _INSTALLED
         self.disarm()
         restore(self._saved)
+        self._indexing_saved = []
         if self._warn_ctx is not None:
             ctx, self._warn_ctx = self._warn_ctx, None
             ctx.__exit__(None, None, None)
@@ -203,14 +208,21 @@ class SyncDetector:
 
     def _watch_indexing(self, watched: bool) -> None:
         if self._indexing_watched != watched and self._saved:
-            set_indexing(self._saved, watched)
+            set_indexing(self._indexing_saved, watched)
             self._indexing_watched = watched
 
-    def disarm(self) -> None:
-        """Stop watching (idempotent); restores the previous CUDA sync debug mode."""
+    def disarm(self, *, keep_indexing: bool = False) -> None:
+        """Stop watching (idempotent); restores the previous CUDA sync debug mode.
+
+        ``keep_indexing``: leave the indexing wrappers as they are (they return at once while
+        nobody watches). Assigning ``torch.Tensor.__getitem__`` invalidates the cached lookups
+        of every Tensor attribute, in every subclass, so Python code that uses tensors runs
+        slower until they are cached again: a sampled detector does not swap at every stretch.
+        """
         if armed() is self:
             set_armed(None)
-        self._watch_indexing(False)
+        if not keep_indexing:
+            self._watch_indexing(False)
         if self._armed_debug and self.sync_debug is not None:
             self._armed_debug = False
             _quietly(self.sync_debug[1], self._debug_prev)

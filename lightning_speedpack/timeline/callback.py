@@ -12,7 +12,7 @@ from torch._C._autograd import _profiler_enabled
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from lightning_speedpack.core import events
+from lightning_speedpack.core import events, sampling
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.hook_hub import hub_of
 from lightning_speedpack.core.hooks import TRAIN_STEP_HOOKS
@@ -496,7 +496,7 @@ class StepTimeline(Callback):
             self._start_window(step)
         if window is not None and window.running:
             window.saw_step(step)
-        elif step >= options.SAMPLED_FROM_STEP and step % self.sample_every_n_steps:
+        elif not sampling.sampled(step, self.sample_every_n_steps):
             self._quiet(TRAIN_STEP_HOOKS)  # not sampled: nothing to do until a sampled step
             return
         self._quiet(())

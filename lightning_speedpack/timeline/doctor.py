@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
+from lightning_speedpack.core.sampling import DOCTOR_SAMPLE_EVERY
 from lightning_speedpack.timeline import options
 from lightning_speedpack.timeline.callback import StepTimeline
 
 # Under the doctor the phases are shares and means: after the first 16 steps (all timed, for a
 # short fit's series), one step in 8 gives them. The timeline was the largest part of the
 # doctor's own code a step on the DDP zoo's 1 ms MLP (~520 of ~1,900 lines); `--deep` times
-# every step.
-_DOCTOR_SAMPLE_EVERY = 8
+# every step. The sync points sample the same steps.
 
 
 def _doctor_factory(ctx: DoctorContext) -> StepTimeline:
     steps, directory = options.doctor_trace()
-    every = 1 if ctx.deep else _DOCTOR_SAMPLE_EVERY
+    every = 1 if ctx.deep else DOCTOR_SAMPLE_EVERY
     return StepTimeline(trace_steps=steps, trace_dir=directory, sample_every_n_steps=every)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from lightning_speedpack.core.sampling import SAMPLED_FROM_STEP, check_sample_every
 from lightning_speedpack.timeline.nvtx import NvtxApi
 from lightning_speedpack.timeline.trace import check_trace_steps, parse_trace_steps
 
@@ -100,21 +101,6 @@ def _check_log_every(log_every_n_steps: Any) -> None:
         raise TypeError(f"`log_every_n_steps` must be an int or None, got {log_every_n_steps!r}")
     if log_every_n_steps < 1:
         raise ValueError(f"`log_every_n_steps` must be a positive int, got {log_every_n_steps}")
-
-
-#: A sampled timeline times every step before this one: a short fit keeps a series of its
-#: first steps (16 steps, then one in N, give the medians; 64 cost a 2-epoch job of 32 batches
-#: a step's phases on every step).
-SAMPLED_FROM_STEP = 16
-
-
-def check_sample_every(value: Any) -> int:
-    """``sample_every_n_steps``: an int of at least 1 (TypeError, ValueError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`sample_every_n_steps` must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"`sample_every_n_steps` must be >= 1 (1: every step), got {value}")
-    return value
 
 
 def doctor_trace() -> tuple[tuple[int, int] | None, str | None]:

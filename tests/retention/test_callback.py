@@ -25,11 +25,14 @@ from pytorch_lightning.demos.boring_classes import BoringModel
 from pytorch_lightning.loggers import CSVLogger
 
 from lightning_speedpack import LossRetentionDetector, RetainedGraphError
+from lightning_speedpack.core.hook_hub import HookHub
 from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
 from lightning_speedpack.core.tables import SUMMARY_FILE, TABLES, csv_file_name
-from lightning_speedpack.doctor.runner import run_script
+from lightning_speedpack.doctor.runner import TOOLS, run_script
 from lightning_speedpack.retention import callback as loss_retention
+from lightning_speedpack.retention import doctor as retention_doctor
 from lightning_speedpack.retention.callback import RetainedGraphWarning
+from lightning_speedpack.retention.tags import STEP_KEY
 from tests.helpers import global_state
 from tests.helpers.ddp import run_ddp
 from tests.helpers.models import quiet_trainer_kwargs
@@ -528,6 +531,81 @@ def test_check_every_n_steps_still_finds_the_leak(tmp_path: Path) -> None:
     assert detector.findings[0].step_first_seen == 3
 
 
+class TaggedListLeak(ListLeak):
+    """``ListLeak`` that notes, after each backward, whether its loss graph carries a tag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tagged: list[bool] = []
+
+    def on_after_backward(self) -> None:
+        node = self.losses[-1].grad_fn
+        self.tagged.append(node is not None and STEP_KEY in node.metadata)
+
+
+def test_a_sparse_walk_tags_only_the_batches_it_needs_and_still_finds_the_leak(
+    tmp_path: Path,
+) -> None:
+    # Walks at batches 20 and 40 and at the end (44): the tags that matter are the first
+    # batches', the batch before each walk's and the last ones'. The others cost ~35 us a
+    # batch for nothing, which is what the doctor's one walk in 64 batches saves.
+    model = TaggedListLeak()
+    detector = _fit_warns(
+        model,
+        tmp_path,
+        detector=LossRetentionDetector(check_every_n_steps=20, deep_scan_every_n_steps=0),
+        max_steps=45,
+        limit_train_batches=100,
+    )
+    untagged = [batch for batch, tagged in enumerate(model.tagged) if not tagged]
+    assert untagged == [16, 17, 18, *range(20, 39), 40, 41, 42]  # 20, 40: tagged by the walk
+    assert _summary(detector) == [("model.losses", True)]
+    assert detector.findings[0].step_first_seen == 20  # the first walk, not the second
+    assert detector.findings[0].count == 45 - 3  # batches 41, 42 and 44: first seen at the end
+
+
+class CountingEnds(LossRetentionDetector):
+    """Notes the batches whose ``on_train_batch_end`` was called."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ends: list[int] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ends.append(self._batch)
+        super().on_train_batch_end(*args)
+
+
+def test_under_a_hook_hub_the_batches_with_nothing_to_do_are_not_called(tmp_path: Path) -> None:
+    # The doctor's hub calls the detector's per-batch hooks: on a CPU run whose steps return
+    # the loss alone, `on_train_batch_end` runs on the first batches and where it walks only,
+    # and the leak is found as without the hub.
+    detector = CountingEnds(check_every_n_steps=20, deep_scan_every_n_steps=0)
+    model = TaggedListLeak()
+    trainer = Trainer(
+        callbacks=[HookHub([detector], owns=True)],
+        **quiet_trainer_kwargs(tmp_path, max_steps=45, limit_train_batches=100),
+    )
+    with pytest.warns(RetainedGraphWarning):
+        trainer.fit(model)
+    assert detector.ends == [*range(16), 20, 40]
+    assert _summary(detector) == [("model.losses", True)]
+    assert detector.findings[0].step_first_seen == 20
+    assert detector.findings[0].count == 45 - 3
+    assert [b for b, tagged in enumerate(model.tagged) if tagged] == [*range(16), 19, 39, 43, 44]
+
+
+def test_every_batch_is_tagged_when_every_batch_walks(tmp_path: Path) -> None:
+    model = TaggedListLeak()
+    _fit_warns(
+        model,
+        tmp_path,
+        detector=LossRetentionDetector(deep_scan_every_n_steps=0),
+        max_steps=20,
+    )
+    assert model.tagged == [True] * 20
+
+
 def test_heap_scans_keep_to_their_time_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -667,6 +745,7 @@ def test_real_two_rank_ddp(tmp_path: Path) -> None:
 
 
 def test_registered_with_the_doctor() -> None:
+    assert retention_doctor.__name__ in TOOLS  # the doctor imports it, and so registers it
     (diagnostic,) = [d for d in registered_diagnostics() if d.name == "loss_retention"]
     assert diagnostic.callback_type is LossRetentionDetector
     assert diagnostic.order == 30

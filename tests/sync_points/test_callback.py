@@ -18,6 +18,7 @@ from pytorch_lightning.demos.boring_classes import BoringModel
 import lightning_speedpack
 from lightning_speedpack.doctor.runner import run_script
 from lightning_speedpack.sync_points import callback as sync_points
+from lightning_speedpack.sync_points import patching
 from lightning_speedpack.sync_points.callback import (
     SyncPointError,
     SyncPointWarnings,
@@ -298,6 +299,44 @@ def test_cuda_sync_debug_mode_through_injection(
     assert global_state.diff(before, global_state.snapshot()) == {}
 
 
+class ItemEachStep(BoringModel):
+    """``.item()`` every step; notes whether the step was watched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched: list[bool] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.watched.append(patching.armed() is not None)
+        out = super().training_step(batch, batch_idx)
+        out["loss"].item()  # sync: item
+        return out
+
+
+def test_a_sampled_detector_watches_one_step_in_n_and_leaves_the_others_alone(
+    tmp_path: Path,
+) -> None:
+    before = global_state.snapshot()
+    cb = SyncPointWarnings(mode="summary", include_cpu=True, sample_every_n_steps=8)
+    model = ItemEachStep()
+    fit(cb, model, tmp_path, max_steps=40)
+    watched = [step for step, armed in enumerate(model.watched) if armed]
+    assert watched == [*range(16), 16, 24, 32]  # every step at first, then one in 8
+    line = marked_lines(ItemEachStep.training_step)["item"]
+    [finding] = cb.user_findings
+    assert (finding.kind, finding.lineno, finding.count) == ("item", line, len(watched))
+    assert finding.per_step == 1.0  # per watched step
+    assert global_state.diff(before, global_state.snapshot()) == {}
+
+
+def test_the_doctor_samples_the_sync_points_and_deep_watches_every_step() -> None:
+    from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
+
+    [spec] = [d for d in registered_diagnostics() if d.name == "sync_points"]
+    assert spec.factory(DoctorContext()).sample_every_n_steps == 8
+    assert spec.factory(DoctorContext(deep=True)).sample_every_n_steps == 1
+
+
 def test_arguments_are_validated_at_once() -> None:
     with pytest.raises(
         ValueError, match="`mode` must be one of 'warn', 'error', 'summary', got 'x'"
@@ -307,6 +346,10 @@ def test_arguments_are_validated_at_once() -> None:
         SyncPointWarnings(include_cpu=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`allow` must be"):
         SyncPointWarnings(allow=[3])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=r"`sample_every_n_steps` must be an int, got 2\.0"):
+        SyncPointWarnings(sample_every_n_steps=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`sample_every_n_steps` must be >= 1"):
+        SyncPointWarnings(sample_every_n_steps=0)
 
 
 def test_exported() -> None:

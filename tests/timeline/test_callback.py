@@ -17,12 +17,11 @@ from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_speedpack.core import events
+from lightning_speedpack.core import events, sampling
 from lightning_speedpack.core.hook_hub import HookHub
 from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
 from lightning_speedpack.sync_points import SyncPointWarnings
 from lightning_speedpack.timeline import PHASES, NvtxApi, RecordingNvtx, StepTimeline
-from lightning_speedpack.timeline import options as timeline_options
 from lightning_speedpack.timeline.callback import TRACE_DIR_ENV, TRACE_ENV
 from tests.helpers import global_state
 from tests.helpers.models import TinyCNN, quiet_trainer_kwargs
@@ -206,7 +205,7 @@ def test_logged_phases_add_up_to_the_step_time(tmp_path: Path) -> None:
 def test_a_sampled_timeline_times_one_step_in_n_with_its_data_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(timeline_options, "SAMPLED_FROM_STEP", 4)  # 16 in use: a short fit
+    monkeypatch.setattr(sampling, "SAMPLED_FROM_STEP", 4)  # 16 in use: a short fit
     timeline = StepTimeline(log_every_n_steps=4, sample_every_n_steps=4, nvtx=False)
     trainer = Trainer(
         callbacks=[timeline],
@@ -243,7 +242,7 @@ class _HubHooks(Callback):
 def test_under_a_hub_the_steps_left_out_skip_the_timelines_hooks_altogether(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(timeline_options, "SAMPLED_FROM_STEP", 0)
+    monkeypatch.setattr(sampling, "SAMPLED_FROM_STEP", 0)
     timeline = StepTimeline(sample_every_n_steps=4, nvtx=False)
     hub = HookHub([timeline])
     spy = _HubHooks(hub)

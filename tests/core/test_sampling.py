@@ -1,0 +1,42 @@
+"""``core.sampling``: the one rule the doctor's sampled tools (timeline, sync points) share."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from lightning_speedpack.core import sampling
+
+
+def test_every_step_at_first_then_one_in_n() -> None:
+    assert [s for s in range(48) if sampling.sampled(s, 8)] == [*range(16), 16, 24, 32, 40]
+    assert all(sampling.sampled(s, 1) for s in range(100))
+    assert sampling.DOCTOR_SAMPLE_EVERY == 8
+
+
+def test_the_timeline_and_the_sync_points_sample_the_same_steps_under_the_doctor() -> None:
+    from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
+    from lightning_speedpack.doctor.runner import import_tools
+
+    import_tools()
+    built = {d.name: d.factory(DoctorContext()) for d in registered_diagnostics()}
+    assert built["timeline"].sample_every_n_steps == sampling.DOCTOR_SAMPLE_EVERY
+    assert built["sync_points"].sample_every_n_steps == sampling.DOCTOR_SAMPLE_EVERY
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (0, ValueError, r"`sample_every_n_steps` must be >= 1 \(1: every step\), got 0"),
+        (True, TypeError, "`sample_every_n_steps` must be an int, got True"),
+        ("8", TypeError, "`sample_every_n_steps` must be an int, got '8'"),
+    ],
+)
+def test_bad_values_are_refused(value: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        sampling.check_sample_every(value)
+
+
+def test_docstring_examples() -> None:
+    assert doctest.testmod(sampling).failed == 0
