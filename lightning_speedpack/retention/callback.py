@@ -232,13 +232,14 @@ class LossRetentionDetector(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch += 1
-        self._tagging = self._tag_due(trainer, batch_idx)
+        last = trainer.num_training_batches  # an int, or inf for a loader without a length
+        self._tagging = self._tag_due(trainer, batch_idx, last)
         hub = self._hub
         if hub is None:
             return
         # Under a HookHub (the doctor's) a hook left to no one is not called at all.
         idle: tuple[str, ...] = () if self._tagging else ("on_before_backward",)
-        if not self._end_due(trainer, batch_idx):
+        if not self._end_due(batch_idx, last):
             idle += ("on_train_batch_end",)
         if idle != self._idle:
             self._idle = idle
@@ -251,7 +252,7 @@ class LossRetentionDetector(Callback):
         if self._tagging:
             retention.tag_graph(loss, self._batch, self._run, backward=True)
 
-    def _tag_due(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+    def _tag_due(self, trainer: pl.Trainer, batch_idx: int, last: float) -> bool:
         """Whether this batch's loss is tagged: when the next batch may walk, and at first.
 
         A walk knows a graph is from an earlier batch by its tag; an untagged graph it meets is
@@ -270,12 +271,12 @@ class LossRetentionDetector(Callback):
         if deep_every > 0 and step - self._last_deep_scan >= deep_every:
             return True
         # the end of an epoch (the first one walks) or of the fit (which always walks)
-        last, max_steps = trainer.num_training_batches, trainer.max_steps
-        if isinstance(last, int) and batch_idx + 2 >= last:
+        if batch_idx + 2 >= last:
             return True
+        max_steps = trainer.max_steps
         return max_steps > 0 and max_steps - trainer.global_step <= 2
 
-    def _end_due(self, trainer: pl.Trainer, batch_idx: int) -> bool:
+    def _end_due(self, batch_idx: int, last: float) -> bool:
         """Whether ``on_train_batch_end`` may do anything this batch (a HookHub skips it if not).
 
         It walks on schedule, follows what ``training_step`` returns besides the loss, and on
@@ -288,7 +289,6 @@ class LossRetentionDetector(Callback):
         deep_every = self.deep_scan_every_n_steps
         if deep_every > 0 and self._batch - self._last_deep_scan >= deep_every:
             return True
-        last = trainer.num_training_batches
         return not self._epoch_end_walked and batch_idx + 1 == last
 
     @override

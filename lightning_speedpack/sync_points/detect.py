@@ -40,7 +40,6 @@ from lightning_speedpack.sync_points.findings import (
     _display_path,
 )
 from lightning_speedpack.sync_points.patching import (
-    INDEXING,
     Saved,
     apply,
     armed,
@@ -118,7 +117,6 @@ class SyncDetector:
         self._last_batch: dict[tuple[str, int, str], int] = {}
         self._allowed: dict[tuple[str, int], bool] = {}
         self._saved: Saved = []
-        self._indexing_saved: Saved = []
         self.in_tail = False
         self._indexing_watched = True
         # Whether to take the indexing wrappers out between batches: decided after the first
@@ -150,8 +148,6 @@ class SyncDetector:
             )
         try:
             apply(patch_specs(), self._saved)
-            # the entries swapped between batches, for a loader that indexes a lot
-            self._indexing_saved = [entry for entry in self._saved if entry[1] in INDEXING]
             self._indexing_watched = True
             if self.sync_debug is not None:
                 self._install_debug_handler()
@@ -165,7 +161,6 @@ class SyncDetector:
         global _INSTALLED
         self.disarm()
         restore(self._saved)
-        self._indexing_saved = []
         if self._warn_ctx is not None:
             ctx, self._warn_ctx = self._warn_ctx, None
             ctx.__exit__(None, None, None)
@@ -208,7 +203,7 @@ class SyncDetector:
 
     def _watch_indexing(self, watched: bool) -> None:
         if self._indexing_watched != watched and self._saved:
-            set_indexing(self._indexing_saved, watched)
+            set_indexing(self._saved, watched)
             self._indexing_watched = watched
 
     def disarm(self, *, keep_indexing: bool = False) -> None:

@@ -25,7 +25,6 @@ import torch
 from lightning_speedpack.sync_points.findings import CPU_TO_CPU
 
 __all__ = [
-    "INDEXING",
     "Saved",
     "Test",
     "Watcher",
@@ -247,7 +246,7 @@ def apply(specs: list[tuple[Any, str, Test]], saved: Saved) -> None:
     for owner, name, test in specs:
         raw = vars(owner).get(name, _MISSING) if isinstance(owner, type) else getattr(owner, name)
         orig = getattr(owner, name)
-        wrapper = _wrap_indexing(orig) if name in INDEXING else _wrap(orig, test)
+        wrapper = _wrap_indexing(orig) if name in _INDEXING else _wrap(orig, test)
         saved.append((owner, name, raw, wrapper))
         setattr(owner, name, wrapper)
 
@@ -277,7 +276,7 @@ def set_indexing(saved: Saved, watched: bool) -> None:
     early return: the detector swaps only for loaders that index a lot in the main process.
     """
     for owner, name, raw, wrapper in saved:
-        if name in INDEXING:
+        if name in _INDEXING:
             if watched:
                 setattr(owner, name, wrapper)
             else:
@@ -287,4 +286,4 @@ def set_indexing(saved: Saved, watched: bool) -> None:
 _MISSING = object()
 # DataLoader code indexes tensors once per sample: outside the step proper (between the end
 # of one batch and the start of the next) these wrappers return at once.
-INDEXING = frozenset({"__getitem__", "__setitem__"})
+_INDEXING = frozenset({"__getitem__", "__setitem__"})
