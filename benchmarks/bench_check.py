@@ -62,6 +62,11 @@ WALL_CASES = (
 #: where each group's own output goes (``--logs``): the benchmarks' tables and per-case lines
 LOG_DIR: Path | None = None
 REPRODUCE = ".venv/bin/python benchmarks/bench_check.py --only {name}"
+#: group -> what its child printed (the zoos print a line per case): shown under a FAIL, so a
+#: CI log says which case and which finding failed a count
+GROUP_OUTPUT: dict[str, str] = {}
+#: how much of a failed group's output is shown
+OUTPUT_LINES, OUTPUT_LINE_CHARS = 24, 400
 
 
 @dataclass(frozen=True)
@@ -258,8 +263,14 @@ def _wall_zoo() -> dict[str, float]:
             top1 += bool(verdict["top1"])
             false += verdict["false"]
             gaps.append(math.inf if verdict["gap"] is None else verdict["gap"])  # no ledger
-            found = row.get("findings", row.get("error"))
-            print(f"wall zoo {case}: {verdict} {found}", file=sys.stderr, flush=True)
+            # the warnings first: a FAIL shows these lines cut to OUTPUT_LINE_CHARS
+            warned = [
+                (f[1], " ".join(f[2].split())[:120])
+                for f in row.get("findings", [])
+                if f[0] != "info"
+            ]
+            found = warned if "error" not in row else row["error"][-300:]
+            print(f"wall zoo {case}: {verdict} warnings {found}", file=sys.stderr, flush=True)
     return {
         "wall-zoo-recall": recall,
         "wall-zoo-top1": top1,
@@ -384,6 +395,7 @@ def measure_in_child(group: str) -> tuple[dict[str, float], str]:
             )
         except subprocess.TimeoutExpired:
             return {}, f"group {group} timed out after {GROUP_TIMEOUT_S} s"
+        GROUP_OUTPUT[group] = proc.stdout + proc.stderr
         if LOG_DIR is not None:
             LOG_DIR.mkdir(parents=True, exist_ok=True)
             (LOG_DIR / f"{group}.log").write_text(proc.stdout + proc.stderr)
@@ -408,12 +420,26 @@ def check(
         seconds[group] = time.perf_counter() - start
         if echo:
             print(f"({group}: {seconds[group]:.0f} s)", flush=True)
-        for b in members:
-            result = judge(b, figures.get(b.name), error)
-            results.append(result)
-            if echo:
+        judged = [judge(b, figures.get(b.name), error) for b in members]
+        results += judged
+        if echo:
+            for result in judged:
                 print(format_line(result), flush=True)
+            if any(r.status == "FAIL" for r in judged) and GROUP_OUTPUT.get(group):
+                print(output_tail(group, GROUP_OUTPUT[group]), flush=True)
     return results, seconds
+
+
+def output_tail(group: str, output: str) -> str:
+    """The last lines a failed group printed, indented under its FAIL lines (long ones cut)."""
+    lines = [line for line in output.strip().splitlines() if line.strip()][-OUTPUT_LINES:]
+    cut = [
+        line if len(line) <= OUTPUT_LINE_CHARS else line[:OUTPUT_LINE_CHARS] + " ..."
+        for line in lines
+    ]
+    return "\n".join(
+        [f"     what {group} printed (last {len(cut)} lines):", *(f"     | {line}" for line in cut)]
+    )
 
 
 def select(bounds: Iterable[Bound], stable: bool, only: str) -> list[Bound]:

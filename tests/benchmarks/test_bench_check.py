@@ -161,6 +161,36 @@ def test_check_measures_each_group_once_and_writes_one_line_per_figure(
     assert "FAIL doctor-cost: 1.31 vs <= 1.03 (tolerance 0.07)" in out
 
 
+def test_a_failed_group_shows_what_it_printed_and_a_passing_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A CI log must say which zoo case drew the warning that failed a count.
+    bounds = load_bounds(planted(tmp_path))
+    monkeypatch.setattr(bench_check, "GROUP_OUTPUT", {})
+    printed = {
+        "cache-memory": "cache tokens: 1.04",
+        "wall-zoo": "\n".join(f"wall zoo case-{i}: fine" for i in range(30))
+        + "\nwall zoo clean-workers: ['data-bound'] "
+        + "x" * 500,
+        "doctor-cost": "doctor 1.01",
+    }
+    figures = {"cache-small-pss-4w": 1.04, "wall-zoo-recall": 4.0, "doctor-cost": 1.01}
+
+    def measure(group: str) -> tuple[dict[str, float], str]:
+        bench_check.GROUP_OUTPUT[group] = printed[group]
+        return {n: v for n, v in figures.items() if bench_check.GROUP_OF[n] == group}, ""
+
+    check(bounds, measure=measure)
+    out = capsys.readouterr().out
+    assert "what wall-zoo printed (last 24 lines):" in out
+    assert "     | wall zoo clean-workers: ['data-bound'] xxx" in out
+    assert "case-29: fine" in out
+    assert "case-6: fine" not in out
+    assert "x" * 401 not in out  # long lines cut
+    assert "cache tokens" not in out
+    assert "doctor 1.01" not in out
+
+
 def test_main_exits_1_on_a_fail_and_writes_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
