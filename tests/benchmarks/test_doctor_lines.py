@@ -42,8 +42,10 @@ def test_the_doctors_extra_lines_are_charged_to_its_modules() -> None:
 
 
 def test_the_figure_alone_is_one_number_near_the_tables_total() -> None:
-    # two fits in two processes: the same count but for a line or two a step that depends on
-    # the clock (a budget, a timed window)
+    # two fits in two processes: the same count but for what depends on the clock (a budget,
+    # a timed window). On a loaded machine one such path, run once in a fit of 6 steps, moved
+    # the figure by 13.5 lines a step (of ~2,180): 2% is allowed, the same figure, not another.
     figure = float(_run("--figure").strip().splitlines()[-1])
     total = next(line for line in _run().splitlines() if line.startswith("| **all**"))
-    assert abs(figure - int(total.split("|")[4].strip().strip("*+"))) <= 3
+    table = int(total.split("|")[4].strip().strip("*+"))
+    assert abs(figure - table) <= max(3.0, 0.02 * table)
