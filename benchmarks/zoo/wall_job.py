@@ -165,7 +165,7 @@ def plan(case: str, unplanted: bool) -> Plan:
     if case == "clean":
         return Plan(width=512, train=4096, val=512, epochs=3, quiet=False)
     if case == "clean-workers":
-        # Workers that pay: each sample takes 0.1 ms to read (0.7 s a fit in the training
+        # Workers that pay: each sample takes 0.1 ms to read (over 1.2 s a fit in the training
         # process), and the step is heavy enough that handing a batch over from a worker
         # (~2 ms) stays a small share of it. On the 512-wide MLP with instant samples, the 2
         # workers made the fit 1.24x slower than none and the step waited 15-25% for the

@@ -36,6 +36,7 @@ from lightning_speedpack.advisor.run_inputs import (
 )
 from lightning_speedpack.core import events
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import hub_of
 from lightning_speedpack.core.hooks import overrides
 from lightning_speedpack.core.lightning import Callback, rank_zero_info
 from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
@@ -507,6 +508,8 @@ class SpeedAdvisor(Callback):
         if self._fetches is not None:  # measured: stop listening to every action
             untap(self._tapped, self._fetches)
             self._fetches = self._tapped = None
+        if (hub := hub_of(self)) is not None:  # nothing left to do in a training batch
+            hub.quiet(self, ("on_train_batch_start", "on_before_backward", "on_train_batch_end"))
         self._reported = True
         module = trainer.lightning_module
         self.measured_steps = self._steps

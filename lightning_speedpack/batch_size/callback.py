@@ -39,6 +39,7 @@ from lightning_speedpack.batch_size.search import (
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import hub_of
 from lightning_speedpack.core.lightning import (
     Callback,
     lightning_getattr,
@@ -342,6 +343,8 @@ class BatchSizeTuner(Callback):
         if self._in_use is None and batch_idx == 0:  # a custom batch sampler: read the batch
             with suppress(BatchSizeError):
                 self._in_use = infer_batch_size(batch)  # shape only, no device sync
+        if self._in_use is not None and (hub := hub_of(self)) is not None:
+            hub.quiet(self, ("on_train_batch_start",))  # known: nothing left to read this fit
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
