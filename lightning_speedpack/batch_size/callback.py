@@ -340,7 +340,9 @@ class BatchSizeTuner(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._in_use is None and batch_idx == 0:  # a custom batch sampler: read the batch
+        if batch_idx != 0:
+            return
+        if self._in_use is None:  # a custom batch sampler: read the batch
             with suppress(BatchSizeError):
                 self._in_use = infer_batch_size(batch)  # shape only, no device sync
         if self._in_use is not None and (hub := hub_of(self)) is not None:
