@@ -43,7 +43,8 @@ typecheck: setup
 # slow, ddp, browser, and the whole grid) run in `make test-all`, which CI runs.
 FAST_TESTS := not slow and not ddp and not browser and not grid
 # The slow tests and the grid run on this many pytest-xdist workers: each test is a subprocess or
-# two that keep about one core busy, so on 2 cores two at a time finish in ~0.6 of the time.
+# two that keep about one core busy, so on 2 cores two at a time took 0.65 of the time (22.5 min
+# against 34.8 for the slow tests).
 # `make test-rest TEST_WORKERS=0` runs them one at a time. Each test file stays on one worker
 # (its tests may share a fixture or a key); the grid's cases go by (stack, workers) group, so a
 # setting's plain run is made once.
@@ -84,9 +85,9 @@ VERSIONS ?=
 test-versions:
 	$(PYTHON) tests/versions/run_versions.py $(VERSIONS)
 
-# The full "invisible to the job" grid (stacks x workers x pack modes; 109 of its cases took 25 min
-# on 2 cores with two workers, before its profiler mode was thinned to 97 cases in all); `make test-rest`
-# runs it with SPEEDPACK_GRID_SKIP_FAST=1, after pytest-rest ran its fast cases (marked slow).
+# The full "invisible to the job" grid (stacks x workers x pack modes, 97 cases; 109 of the 119
+# it had took 25 min here on two workers, less `make test`'s 10); `make test-rest` runs it
+# with SPEEDPACK_GRID_SKIP_FAST=1, after pytest-rest ran its fast cases (marked slow).
 test-grid: setup
 	$(BIN)/python -m pytest -p no:cacheprovider -m grid tests/test_invisible.py \
 		$(XDIST) $(if $(XDIST),--dist loadgroup)

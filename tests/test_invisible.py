@@ -116,11 +116,6 @@ TRACE_STACKS = ("tensor", "stream_cached", "wds_cached", "litdata", "mosaic")
 #: ranks under ``--deep`` (a map-style loader of another class that Lightning re-creates with
 #: its ``DistributedSampler``).
 LEAN = {"pyg": (W0, W2P), "nodes": (W0, W2)}
-#: The ``profiler`` mode (a ``DataPipelineProfiler(probe="start")`` the job adds itself, called
-#: by Lightning rather than by the doctor's hub) runs on the persistent-worker settings only:
-#: ``--deep`` runs the same profiler with its probe on every setting, so what the standalone mode
-#: adds is the callback's own dispatch. (It ran on every setting, 33 of 119 cases, until CI's run
-#: outgrew its 90 minutes.)
 LEAN_MODES = ("doctor", "deep")
 LEAN_DDP = {"pyg": ("deep",)}
 #: The doctor's verdict against the wait its run measured (``data_wait_fraction``): data-bound
@@ -437,6 +432,11 @@ def _grid() -> list[tuple[str, Setting, str]]:
         settings = [W0, W2, W2P] + ([W2_SPAWN] if stack.spawn else [])
         if stack.name == "tensor":
             settings.append(W2P_L)
+        # The `profiler` mode (a DataPipelineProfiler(probe="start") the job adds itself, called
+        # by Lightning rather than by the doctor's hub) on the persistent-worker settings only:
+        # `--deep` runs the same profiler with its probe on every setting, so what the standalone
+        # mode adds is the callback's own dispatch. (It ran on every setting, 33 of 119 cases,
+        # until CI's run outgrew its 90 minutes.)
         cases += [
             (stack.name, setting, mode)
             for setting in settings
