@@ -31,6 +31,7 @@ from lightning_speedpack.core.lightning import Callback, classes
 from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
+from lightning_speedpack.wall_time.collector import CollectorClock, carve_collections
 from lightning_speedpack.wall_time.findings import RunSettings, ValidationRun, wall_findings
 from lightning_speedpack.wall_time.ledger import (
     CALLBACK_PREFIX,
@@ -123,7 +124,11 @@ class WallTimeLedger(Callback):
         self._reset()
 
     def _reset(self) -> None:
+        previous: CollectorClock | None = getattr(self, "collector", None)
+        if previous is not None:
+            previous.stop()
         self.ledger = Ledger()
+        self.collector = CollectorClock(self.ledger)  # Python's collections, apart
         self.validation_runs: list[ValidationRun] = []
         self.epoch_starts: list[float] = []
         self.settings: RunSettings | None = None
@@ -143,7 +148,7 @@ class WallTimeLedger(Callback):
     def __getstate__(self) -> dict[str, Any]:
         # Runtime-only references (the Trainer, the patches) are never pickled.
         state = self.__dict__.copy()
-        if self._hubs:  # the hubs stay behind: their members' shares go in as charged
+        if self._hubs or self.collector.seconds:  # the hubs and collections go in as charged
             seconds, details = self._charged()
             state["ledger"] = replace(
                 self.ledger,
@@ -151,6 +156,7 @@ class WallTimeLedger(Callback):
                 details=defaultdict(float, details),
                 _stack=list(self.ledger._stack),
             )
+            state["collector"] = self.collector.settled(state["ledger"])
         state.update(_patches=[], _trainer=None, _keys={}, _callbacks={}, _hubs=[])
         return state
 
@@ -184,6 +190,8 @@ class WallTimeLedger(Callback):
     def _charged(self) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
         # A HookHub's bracket holds its members' per-batch hooks: each gets its measured share.
         seconds, details = dict(self.ledger.seconds), dict(self.ledger.details)
+        # First the collector's pauses, wherever they fell (a hub's bracket included).
+        carve_collections(self.collector.seconds, seconds, details)
         for hub in self._hubs:
             shares: dict[tuple[str, str], float] = {}
             for (member, hook), spent in hub.seconds().items():
@@ -230,6 +238,7 @@ class WallTimeLedger(Callback):
         self._reset()  # a new fit, a new ledger
         self._trainer = trainer
         self.ledger.open(start, "setup")
+        self.collector.start()
         self._callbacks = {cb.state_key: cb for cb in callbacks_of(trainer)}
         self._hubs = [cb for cb in trainer.callbacks if isinstance(cb, HookHub)]  # type: ignore[attr-defined]
         self._install(trainer)
@@ -475,6 +484,7 @@ class WallTimeLedger(Callback):
     def _finish(self, trainer: pl.Trainer) -> None:
         self._ended = True
         self.ledger.close(perf_counter())
+        self.collector.stop()
         for patch in reversed(self._patches):
             patch.undo()
         self._patches.clear()
@@ -541,6 +551,8 @@ class WallTimeLedger(Callback):
                 "validation_runs": len(self.validation_runs),
                 "epoch_starts_s": [round(s, 4) for s in self.epoch_starts],
                 "checkpoint_saves": self.saves,
+                "collections": list(self.collector.collections),
+                "longest_collection_s": round(self.collector.longest_s, 4),
             }
         }
 

@@ -2,9 +2,9 @@
 
 Thresholds (share of the fit's wall time, from the issue that asked for them): validation over
 25%, checkpointing over 10%, logging and progress bars over 5%, repeated epoch starts over 10%,
-one callback's hooks over 5%. Settings that slow every step whatever they cost here (more CPU
-threads than cores, anomaly detection, a profiler, a batch of a few samples) are read from the
-run and carry the training steps' measured share.
+one callback's hooks over 5%, Python's own garbage collections over 5%. Settings that slow every
+step whatever they cost here (more CPU threads than cores, anomaly detection, a profiler, a batch
+of a few samples) are read from the run and carry the training steps' measured share.
 
 :func:`wall_findings` reads a :class:`LedgerReadings`: what
 :class:`~lightning_speedpack.wall_time.callback.WallTimeLedger` measured, described here so that
@@ -21,12 +21,14 @@ from torch.utils.data import DataLoader
 
 from lightning_speedpack.core.findings import Finding, Severity
 from lightning_speedpack.core.nested import leaves
+from lightning_speedpack.wall_time.collector import COLLECTION, CollectorClock
 from lightning_speedpack.wall_time.ledger import Ledger
 
 __all__ = [
     "CALLBACK_SHARE",
     "CHECKPOINT_SHARE",
     "EPOCH_START_SHARE",
+    "GC_SHARE",
     "LOGGING_SHARE",
     "SMALL_BATCH",
     "VALIDATION_SHARE",
@@ -41,6 +43,7 @@ CHECKPOINT_SHARE = 0.10
 LOGGING_SHARE = 0.05
 EPOCH_START_SHARE = 0.10
 CALLBACK_SHARE = 0.05
+GC_SHARE = 0.05
 #: batches of fewer samples are "too small to use the device" (by rule: not measured)
 SMALL_BATCH = 8
 _COMPONENT = "wall_time"
@@ -106,6 +109,7 @@ class LedgerReadings(Protocol):
     """What :func:`wall_findings` reads of a fit: a ``WallTimeLedger`` after (or during) it."""
 
     ledger: Ledger
+    collector: CollectorClock
     validation_runs: list[ValidationRun]
     epoch_starts: list[float]
     settings: RunSettings | None
@@ -159,6 +163,7 @@ def wall_findings(ledger: LedgerReadings) -> list[Finding]:
         *_logging(ledger, shares["logging"], settings),
         *_epoch_starts(ledger, shares["epoch_start"], settings),
         *_callbacks(ledger),
+        *_collections(ledger, shares.get(COLLECTION, 0.0)),
         *_settings(ledger, shares["training_step"], settings),
     ]
     return sorted(found, key=lambda f: -float(f.figures.get("wall_fraction", 0.0)))
@@ -353,6 +358,31 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
             )
         )
     return out
+
+
+def _collections(ledger: LedgerReadings, share: float) -> list[Finding]:
+    if share <= GC_SHARE:
+        return []
+    clock = ledger.collector
+    seconds = ledger.seconds()[COLLECTION]
+    count, full = sum(clock.collections), clock.collections[2]
+    return [
+        _finding(
+            "garbage-collection",
+            f"Python's garbage collector paused the run for {share:.0%} of the wall time "
+            f"({seconds:.1f} s in {count} collections, {full} of them full, the longest "
+            f"{clock.longest_s:.2f} s): each full collection scans every Python object alive",
+            share,
+            seconds,
+            "call `gc.collect(); gc.freeze()` just before `trainer.fit(...)`: what exists then "
+            "(torch, Lightning, the model, the dataset) leaves the collector's scans; if full "
+            "collections recur, keep fewer Python objects per sample (arrays or tensors, not "
+            "lists of dicts)",
+            collections=count,
+            full_collections=full,
+            longest_s=round(clock.longest_s, 3),
+        )
+    ]
 
 
 def _probe_finding(name: str, seconds: float, total: float) -> Finding:

@@ -30,6 +30,7 @@ PARTS = (
     "checkpoint",
     "logging",
     "callbacks",
+    "garbage_collection",
     "end_of_fit",
     "unaccounted",
 )
@@ -83,6 +84,11 @@ class Ledger:
     def top(self) -> str:
         """The key charged right now: the innermost bracket's, else the ambient part."""
         return self._stack[-1][0] if self._stack else self._ambient
+
+    @property
+    def bracket(self) -> tuple[str, str]:
+        """The ``(key, detail)`` charged right now (the ambient part's detail is empty)."""
+        return (self._stack[-1][0], self._stack[-1][1]) if self._stack else (self._ambient, "")
 
     @property
     def total_s(self) -> float:

@@ -445,7 +445,10 @@ def test_the_ledger_charges_the_trials_to_whatif_as_a_one_time_cost(
     _fit(ns, tmp_path, [what_if, ledger])
     assert what_if.trial_seconds is not None
     charged = ledger.callback_seconds()["WhatIf"]
-    assert charged >= what_if.trial_seconds  # the trials, inside Lightning's data setup
+    # Python's own collections during the trials went to `garbage_collection`; WhatIf's clock
+    # counted them, so they are added back to compare
+    collected = sum(s for (k, _), s in ledger.collector.seconds.items() if k == "callback:WhatIf")
+    assert charged + collected >= what_if.trial_seconds  # the trials, inside the data setup
     assert ledger.seconds()["epoch_start"] < what_if.trial_seconds
     (finding,) = [f for f in ledger.doctor_findings() if f.id == "callback-time"]
     assert finding.severity == "info"
