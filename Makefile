@@ -50,13 +50,15 @@ FAST_TESTS := not slow and not ddp and not browser and not grid
 # setting's plain run is made once.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
+# CI's log then says where its 90 minutes went (the slowest tests of each run).
+DURATIONS := --durations=15
 
 pytest: setup
 	$(BIN)/python -m pytest -m "$(FAST_TESTS)"
 
 pytest-rest: setup
 	$(BIN)/python -m pytest -p no:cacheprovider -m "(slow or ddp or browser) and not grid" \
-		$(XDIST) $(if $(XDIST),--dist loadfile)
+		$(XDIST) $(if $(XDIST),--dist loadfile) $(DURATIONS)
 
 $(PL_ONLY_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PL_ONLY_VENV)
@@ -90,7 +92,7 @@ test-versions:
 # with SPEEDPACK_GRID_SKIP_FAST=1, after pytest-rest ran its fast cases (marked slow).
 test-grid: setup
 	$(BIN)/python -m pytest -p no:cacheprovider -m grid tests/test_invisible.py \
-		$(XDIST) $(if $(XDIST),--dist loadgroup)
+		$(XDIST) $(if $(XDIST),--dist loadgroup) $(DURATIONS)
 
 demo: setup
 	$(BIN)/python examples/demo.py --out $(DEMO_OUT)

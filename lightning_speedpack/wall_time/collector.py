@@ -27,9 +27,11 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import sys
 import threading
 from collections.abc import Callable
 from time import perf_counter
+from types import FrameType
 from typing import Any
 
 from lightning_speedpack.wall_time.ledger import Ledger
@@ -65,8 +67,12 @@ class CollectorClock:
         #: the longest pause and its generation
         self.longest_s = 0.0
         self.longest_generation = 0
-        #: ``gc.collect()`` calls made by code during the fit (left with their callers)
+        #: ``gc.collect()`` calls made by code during the fit (left with their callers), and
+        #: per calling line (file, line): how many and their seconds
         self.explicit = 0
+        self.calls: dict[tuple[str, int], tuple[int, float]] = {}
+        #: objects the job had frozen (``gc.freeze()``) when the fit began
+        self.frozen = 0
         self._began = 0.0
         self._thread = 0
         self._pid = 0
@@ -76,6 +82,7 @@ class CollectorClock:
     def start(self) -> None:
         """Hear every collection from now on (on this thread, in this process)."""
         self._thread, self._pid = threading.get_ident(), os.getpid()
+        self.frozen = gc.get_freeze_count()
         if self not in gc.callbacks:
             gc.callbacks.append(self)
         if self._wrapper is None:
@@ -93,17 +100,23 @@ class CollectorClock:
     def _wrap(self, original: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(original)
         def collect(generation: int = 2) -> int:
-            mine = threading.get_ident() == self._thread
-            if mine:
-                self._calling += 1
-                self.explicit += 1
+            if threading.get_ident() != self._thread:
+                return original(generation)
+            self._calling += 1
+            started = perf_counter()
             try:
                 return original(generation)
             finally:
-                if mine:
-                    self._calling -= 1
+                self._calling -= 1
+                self._called(sys._getframe(1), perf_counter() - started)
 
         return collect
+
+    def _called(self, frame: FrameType, spent: float) -> None:
+        self.explicit += 1
+        site = (frame.f_code.co_filename, frame.f_lineno)
+        count, seconds = self.calls.get(site, (0, 0.0))
+        self.calls[site] = (count + 1, seconds + spent)
 
     @property
     def total_s(self) -> float:
@@ -135,6 +148,8 @@ class CollectorClock:
         """A copy over ``ledger``, whose seconds were already carved: the counts, no seconds."""
         copy = CollectorClock(ledger)
         copy.collections, copy.explicit = list(self.collections), self.explicit
+        copy.calls = dict(self.calls)
+        copy.frozen = self.frozen
         copy.longest_s, copy.longest_generation = self.longest_s, self.longest_generation
         return copy
 

@@ -14,6 +14,7 @@ this module need not import the callback that imports it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -164,6 +165,7 @@ def wall_findings(ledger: LedgerReadings) -> list[Finding]:
         *_epoch_starts(ledger, shares["epoch_start"], settings),
         *_callbacks(ledger),
         *_collections(ledger, shares.get(COLLECTION, 0.0)),
+        *_collect_calls(ledger),
         *_settings(ledger, shares["training_step"], settings),
     ]
     return sorted(found, key=lambda f: -float(f.figures.get("wall_fraction", 0.0)))
@@ -360,6 +362,18 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
     return out
 
 
+_COLLECTION_FIX = (
+    "call `gc.collect(); gc.freeze()` just before `trainer.fit(...)`: what exists then (torch, "
+    "Lightning, the model, the dataset) leaves the collector's scans; if full collections "
+    "recur, keep fewer Python objects per sample (arrays or tensors, not lists of dicts)"
+)
+_FROZEN_FIX = (
+    "`gc.freeze()` was already on ({:,} objects frozen before the fit): these collections "
+    "scanned what was built after it; keep fewer Python objects alive (arrays or tensors, not "
+    "lists of dicts), or freeze again once the dataset and model exist"
+)
+
+
 def _collections(ledger: LedgerReadings, share: float) -> list[Finding]:
     if share <= GC_SHARE:
         return []
@@ -374,15 +388,50 @@ def _collections(ledger: LedgerReadings, share: float) -> list[Finding]:
             f"{clock.longest_s:.2f} s): each full collection scans every Python object alive",
             share,
             seconds,
-            "call `gc.collect(); gc.freeze()` just before `trainer.fit(...)`: what exists then "
-            "(torch, Lightning, the model, the dataset) leaves the collector's scans; if full "
-            "collections recur, keep fewer Python objects per sample (arrays or tensors, not "
-            "lists of dicts)",
+            _COLLECTION_FIX if not clock.frozen else _FROZEN_FIX.format(clock.frozen),
             collections=count,
             full_collections=full,
             longest_s=round(clock.longest_s, 3),
+            frozen_objects=clock.frozen,
         )
     ]
+
+
+def _collect_calls(ledger: LedgerReadings) -> list[Finding]:
+    # The job's own `gc.collect()` lines only: a library's call, or the pack's own after an
+    # OOM, is charged where it ran but is not the job's line to change.
+    total = ledger.total_s
+    calls = {site: c for site, c in ledger.collector.calls.items() if _users(site[0])}
+    seconds = sum(spent for _, spent in calls.values())
+    share = seconds / total if total > 0 else 0.0
+    if share <= GC_SHARE or not calls:
+        return []
+    (path, line), (count, spent) = max(calls.items(), key=lambda kv: kv[1][1])
+    where = f"{Path(path).name}:{line}"
+    steps = ledger.train_batches
+    often = f", {count / steps:.2g} per training step" if steps else ""
+    finding = _finding(
+        "gc-collect-calls",
+        f"`gc.collect()` called by the job took {share:.0%} of the wall time ({seconds:.1f} s "
+        f"in {sum(c for c, _ in calls.values())} calls); the most at {where}: {count} calls"
+        f"{often}, {spent:.1f} s. Each call scans every live Python object",
+        share,
+        seconds,
+        f"remove the call at {where} (Python collects by itself), or make it rare: every few "
+        "hundred steps, or at an epoch's end (`on_train_epoch_end`)",
+        calls=count,
+        sites=len(calls),
+    )
+    finding.location = where
+    return [finding]
+
+
+_PACK_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def _users(path: str) -> bool:
+    parts = Path(path).parts
+    return not ("site-packages" in parts or "torch" in parts or path.startswith(_PACK_DIR))
 
 
 def _probe_finding(name: str, seconds: float, total: float) -> Finding:

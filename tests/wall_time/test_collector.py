@@ -10,6 +10,7 @@ a heap of ~600,000 live objects so that it lasts long enough to be the largest p
 from __future__ import annotations
 
 import gc
+import inspect
 import threading
 import time
 from gc import collect as unseen_collect  # bound before any fit: counts as the collector's own
@@ -72,13 +73,32 @@ def test_a_collection_inside_a_hook_is_the_collectors_not_the_callbacks(
     assert "gc.freeze()" in (gc_finding.fix or "")
 
 
+def test_the_fix_knows_the_job_had_already_frozen_its_objects(tmp_path: Path) -> None:
+    gc.freeze()
+    try:
+        heap = [[i] for i in range(600_000)]  # built after the freeze: still scanned
+        ledger = _fit(tmp_path, _callback(NAMESPACES[0], "Innocent", unseen_collect))
+        del heap
+    finally:
+        gc.unfreeze()
+    (finding,) = [f for f in ledger.doctor_findings() if f.id == "garbage-collection"]
+    assert finding.figures["frozen_objects"] > 0
+    assert "already on" in (finding.fix or "")
+
+
 def test_a_gc_collect_call_stays_with_the_code_that_made_it(tmp_path: Path, big_heap: Any) -> None:
     caller = _callback(NAMESPACES[0], "Collects", lambda: gc.collect())
+    line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
     ledger = _fit(tmp_path, caller)
     assert ledger.collector.explicit == 1
     # the call's full collection is the callback's time: its true cause
     assert ledger.callback_seconds()["Collects"] >= 0.9 * caller.spent
     assert ledger.seconds()[COLLECTION] < caller.spent / 10
+    findings = {f.id: f for f in ledger.doctor_findings()}
+    assert findings["callback-time"].figures["callback"] == "Collects"
+    named = findings["gc-collect-calls"]  # and the line that called it, with its count
+    assert named.location == f"test_collector.py:{line}"
+    assert named.figures["calls"] == 1
 
 
 def test_gc_is_left_as_found_after_fit_and_after_an_exception(tmp_path: Path) -> None:
@@ -120,3 +140,13 @@ def test_carving_never_takes_more_than_the_bracket_was_charged() -> None:
     seconds, details = {"training_step": 0.5}, {("training_step", ""): 0.5}
     carve_collections({("training_step", ""): 2.0, ("setup", ""): 1.0}, seconds, details)
     assert seconds == {"training_step": 0.0, COLLECTION: 0.5}
+
+
+def test_the_packs_own_collect_after_an_oom_is_not_the_jobs_line(
+    tmp_path: Path, big_heap: Any
+) -> None:
+    from lightning_speedpack.core.memory import free_memory  # what the trials call after an OOM
+
+    ledger = _fit(tmp_path, _callback(NAMESPACES[0], "Trials", free_memory))
+    assert ledger.collector.explicit == 1  # seen, and left with the callback that ran it
+    assert "gc-collect-calls" not in {f.id for f in ledger.doctor_findings()}
