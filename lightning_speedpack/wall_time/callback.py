@@ -553,6 +553,7 @@ class WallTimeLedger(Callback):
                 "checkpoint_saves": self.saves,
                 "collections": list(self.collector.collections),
                 "longest_collection_s": round(self.collector.longest_s, 4),
+                "collect_calls": self.collector.explicit,
             }
         }
 
