@@ -380,15 +380,23 @@ def _collections(ledger: LedgerReadings, share: float) -> list[Finding]:
     clock = ledger.collector
     seconds = ledger.seconds()[COLLECTION]
     count, full = sum(clock.collections), clock.collections[2]
+    # One long pause is paid once (a full collection soon after the imports); on a short run it
+    # is a large share, on a long one nothing. A warning only when the pauses recur: what is
+    # left without the longest still over the threshold.
+    total = ledger.total_s
+    recurring = total > 0 and (seconds - clock.longest_s) / total > GC_SHARE
+    once = "" if recurring else "; paid once, not every step"
     return [
         _finding(
             "garbage-collection",
             f"Python's garbage collector paused the run for {share:.0%} of the wall time "
             f"({seconds:.1f} s in {count} collections, {full} of them full, the longest "
-            f"{clock.longest_s:.2f} s): each full collection scans every Python object alive",
+            f"{clock.longest_s:.2f} s{once}): each full collection scans every Python object "
+            "alive",
             share,
             seconds,
             _COLLECTION_FIX if not clock.frozen else _FROZEN_FIX.format(clock.frozen),
+            severity="warning" if recurring else "info",
             collections=count,
             full_collections=full,
             longest_s=round(clock.longest_s, 3),
