@@ -124,9 +124,8 @@ class WallTimeLedger(Callback):
         self._reset()
 
     def _reset(self) -> None:
-        previous: CollectorClock | None = getattr(self, "collector", None)
-        if previous is not None:
-            previous.stop()
+        if (previous := getattr(self, "collector", None)) is not None:
+            previous.stop()  # a fit that ended without teardown: its clock leaves gc
         self.ledger = Ledger()
         self.collector = CollectorClock(self.ledger)  # Python's collections, apart
         self.validation_runs: list[ValidationRun] = []
