@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-__all__ = ["user_code_location"]
+__all__ = ["is_library_file", "user_code_location"]
 
 
 def user_code_location(fn: Any) -> str | None:
@@ -35,7 +35,19 @@ def user_code_location(fn: Any) -> str | None:
         return None
     if source is None or line is None:
         return None
-    parts = Path(source).parts
-    if "site-packages" in parts or "torch" in parts:
+    if is_library_file(source):
         return None
     return f"{Path(source).name}:{line}"
+
+
+def is_library_file(path: str) -> bool:
+    """Whether the source file ``path`` is a library's (under ``site-packages``, or torch's).
+
+    Example:
+        >>> is_library_file("/venv/lib/site-packages/lightning/pytorch/trainer.py")
+        True
+        >>> is_library_file("/home/me/project/train.py")
+        False
+    """
+    parts = Path(path).parts
+    return "site-packages" in parts or "torch" in parts

@@ -64,9 +64,8 @@ class CollectorClock:
         self.seconds: dict[tuple[str, str], float] = {}
         #: collections per generation (0, 1, 2) on the fit's thread
         self.collections = [0, 0, 0]
-        #: the longest pause and its generation
+        #: the longest pause
         self.longest_s = 0.0
-        self.longest_generation = 0
         #: ``gc.collect()`` calls made by code during the fit (left with their callers), and
         #: per calling line (file, line): how many and their seconds
         self.explicit = 0
@@ -118,11 +117,6 @@ class CollectorClock:
         count, seconds = self.calls.get(site, (0, 0.0))
         self.calls[site] = (count + 1, seconds + spent)
 
-    @property
-    def total_s(self) -> float:
-        """Seconds of all counted collections."""
-        return sum(self.seconds.values())
-
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         """Hear one ``gc.callbacks`` event (``"start"`` or ``"stop"`` of a collection)."""
         # Called twice per collection, a few times a second at most: cheap enough as it is.
@@ -139,10 +133,8 @@ class CollectorClock:
         # allocation), so it is never written here.
         where = ledger.bracket
         self.seconds[where] = self.seconds.get(where, 0.0) + spent
-        generation = int(info.get("generation", 0))
-        self.collections[generation] += 1
-        if spent > self.longest_s:
-            self.longest_s, self.longest_generation = spent, generation
+        self.collections[int(info.get("generation", 0))] += 1
+        self.longest_s = max(self.longest_s, spent)
 
     def settled(self, ledger: Ledger) -> CollectorClock:
         """A copy over ``ledger``, whose seconds were already carved: the counts, no seconds."""
@@ -150,7 +142,7 @@ class CollectorClock:
         copy.collections, copy.explicit = list(self.collections), self.explicit
         copy.calls = dict(self.calls)
         copy.frozen = self.frozen
-        copy.longest_s, copy.longest_generation = self.longest_s, self.longest_generation
+        copy.longest_s = self.longest_s
         return copy
 
     def __getstate__(self) -> dict[str, Any]:

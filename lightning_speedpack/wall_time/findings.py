@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_speedpack.core.findings import Finding, Severity
+from lightning_speedpack.core.locations import is_library_file
 from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.wall_time.collector import COLLECTION, CollectorClock
 from lightning_speedpack.wall_time.ledger import Ledger
@@ -438,8 +439,7 @@ _PACK_DIR = str(Path(__file__).resolve().parents[1])
 
 
 def _users(path: str) -> bool:
-    parts = Path(path).parts
-    return not ("site-packages" in parts or "torch" in parts or path.startswith(_PACK_DIR))
+    return not (is_library_file(path) or path.startswith(_PACK_DIR))
 
 
 def _probe_finding(name: str, seconds: float, total: float) -> Finding:
