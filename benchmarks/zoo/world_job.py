@@ -329,7 +329,15 @@ def main() -> None:
     if trainer.is_global_zero:
         if args.wall_out is not None:
             args.wall_out.write_text(
-                json.dumps({"fit_s": wall, "train_s": model.train_s, "steps": trainer.global_step})
+                json.dumps(
+                    {
+                        "fit_s": wall,
+                        "train_s": model.train_s,
+                        "steps": trainer.global_step,
+                        # perf_counter at the loop's start: to place other clocks' events in it
+                        "train_started": model.train_started,
+                    }
+                )
             )
         print(f"world_job {args.case}: fit {wall:.2f} s, {trainer.global_step} steps")
 

@@ -15,6 +15,12 @@ share, which the wall-time ledger hands back to the members' own lines. A hook t
 sets on its instance after the hub took its hooks over (a one-off hook set at ``setup``) is
 Lightning's to call, as before.
 
+A member with nothing to do until a later step (a sampled tool between its samples) can
+:meth:`HookHub.sleep`: its hooks are not called at all until the training batch that starts at
+that global step, when the hub wakes it (one ``trainer.global_step`` read a batch for all its
+sleepers, where each sleeper's own "not this step" cost ~10-30 us a batch on a millisecond step,
+most of it its code and data fetched cold after the step's kernels).
+
 A hub that *owns* its members (``owns=True``, the doctor's) goes in the Trainer's callbacks
 instead of them: Lightning loops over its callbacks for every hook it calls, six a training
 batch, so ten members that sit there cost ~200 interpreted lines a batch even with their
@@ -26,6 +32,7 @@ profiler name Lightning would give it (``[Callback]<state_key>.<hook>``), and
 from __future__ import annotations
 
 import contextlib
+import math
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter
@@ -40,6 +47,8 @@ if TYPE_CHECKING:
     import pytorch_lightning as pl
 
 __all__ = ["HookHub", "callbacks_of", "hub_of"]
+
+_UNBUILT = object()  # no dispatch built yet for this mix of quiet members
 
 _HUBS: weakref.WeakKeyDictionary[Any, HookHub] = weakref.WeakKeyDictionary()  # member -> its hub
 
@@ -152,6 +161,10 @@ class HookHub(Callback):
         # hook -> (members, their hooks, the dispatch to all of them) for the fit's members
         self._full: dict[str, tuple[list[Any], list[Callable[..., Any]], Any]] = {}
         self._quiet: dict[int, frozenset[str]] = {}  # id(member) -> hooks not called for now
+        # id(member) -> (the global step it wakes at, the member, its quiet hooks before it slept)
+        self._alarms: dict[int, tuple[int, Any, frozenset[str]]] = {}
+        self._next_alarm = math.inf
+        self._start: Callable[..., None] | None = None  # on_train_batch_start's dispatch
         for hook in PER_BATCH_HOOKS:
             for member in self.members:
                 fn = getattr(member, hook, None)
@@ -178,8 +191,20 @@ class HookHub(Callback):
             owners, calls = [m for m, _ in kept], [fn for _, fn in kept]
             full = self._dispatcher(hook, owners, calls) if kept else None
             self._full[hook] = (owners, calls, full)
-            setattr(self, hook, full)
+            self._set_hook(hook, full)
         self._quiet.clear()
+        self._built: dict[str, dict[frozenset[int], Any]] = {}  # hook -> quiet members -> dispatch
+        self._alarms.clear()
+        self._next_alarm = math.inf
+        self._set_hook("on_train_batch_start", self._start)
+
+    def _set_hook(self, hook: str, dispatch: Callable[..., None] | None) -> None:
+        """Make ``dispatch`` the hub's ``hook``; a batch's start checks the alarms first."""
+        if hook == "on_train_batch_start":
+            self._start = dispatch
+            if self._alarms:
+                dispatch = self._wake_then_start
+        setattr(self, hook, dispatch)
 
     def _dispatcher(
         self, hook: str, owners: list[Any], calls: list[Callable[..., Any]]
@@ -197,7 +222,11 @@ class HookHub(Callback):
         Changing costs a rebuild of the hooks concerned: say it when the stretch begins and ends,
         not every batch.
         """
-        hooks = frozenset(hooks)
+        if self._alarms.pop(id(member), None) is not None:  # awake now: told otherwise
+            self._reset_alarm()
+        self._set_quiet(member, frozenset(hooks))
+
+    def _set_quiet(self, member: Any, hooks: frozenset[str]) -> None:
         before = self._quiet.get(id(member), frozenset())
         if hooks == before:
             return
@@ -208,15 +237,52 @@ class HookHub(Callback):
 
     def _requiet(self, hook: str) -> None:
         owners, calls, full = self._full[hook]
-        kept = tuple(
-            (i, fn)
-            for i, (m, fn) in enumerate(zip(owners, calls, strict=True))
-            if hook not in self._quiet.get(id(m), ())
-        )
-        if len(kept) == len(calls):
-            setattr(self, hook, full)
-        else:  # the same seconds list: what each member took stays its own
-            setattr(self, hook, _timed(kept, self._spent[hook][1]) if kept else None)
+        quiet = frozenset(i for i, m in enumerate(owners) if hook in self._quiet.get(id(m), ()))
+        # A sampled member sleeps and wakes every few batches: each mix of quiet members is
+        # built once a fit, then looked up.
+        built = self._built.setdefault(hook, {})
+        dispatch = built.get(quiet, _UNBUILT)
+        if dispatch is _UNBUILT:
+            kept = tuple((i, fn) for i, fn in enumerate(calls) if i not in quiet)
+            # the same seconds list: what each member took stays its own
+            dispatch = full if not quiet else _timed(kept, self._spent[hook][1]) if kept else None
+            built[quiet] = dispatch
+        self._set_hook(hook, dispatch)
+
+    def sleep(self, member: Any, hooks: Iterable[str], until_step: int) -> None:
+        """Call none of ``member``'s ``hooks`` until the batch that starts at ``until_step``.
+
+        :meth:`quiet` until then; at the first training batch whose ``trainer.global_step`` is
+        ``until_step`` or more the hub puts back the hooks the member had quiet before it slept
+        and calls its ``on_train_batch_start`` for that batch. A new fit wakes every sleeper.
+        A :meth:`quiet` call for the member before then wakes it with the hooks it names.
+        """
+        if not isinstance(until_step, int) or isinstance(until_step, bool):
+            raise TypeError(f"`until_step` must be an int, got {until_step!r}")
+        before = self._alarms.pop(id(member), None)
+        was_quiet = before[2] if before else self._quiet.get(id(member), frozenset())
+        self._alarms[id(member)] = (until_step, member, was_quiet)
+        self._set_quiet(member, was_quiet | frozenset(hooks))
+        self._reset_alarm()
+
+    def _wake_then_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
+        if trainer.global_step >= self._next_alarm:
+            self._wake(trainer.global_step)
+        start = self._start
+        if start is not None:
+            start(trainer, *args, **kwargs)
+
+    def _wake(self, step: int) -> None:
+        for key, (until, member, was_quiet) in list(self._alarms.items()):
+            if until <= step:
+                del self._alarms[key]
+                self._set_quiet(member, was_quiet)
+        self._reset_alarm()
+
+    def _reset_alarm(self) -> None:
+        """The next step a sleeper wakes at; the alarm check on the batch start only if any."""
+        self._next_alarm = min((s for s, _, _ in self._alarms.values()), default=math.inf)
+        self._set_hook("on_train_batch_start", self._start)
 
     def seconds(self) -> dict[tuple[Any, str], float]:
         """Seconds each member's hook took through the hub, by ``(member, hook)``."""

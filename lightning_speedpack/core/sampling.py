@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DOCTOR_SAMPLE_EVERY", "SAMPLED_FROM_STEP", "check_sample_every", "sampled"]
+__all__ = [
+    "DOCTOR_SAMPLE_EVERY",
+    "SAMPLED_FROM_STEP",
+    "check_sample_every",
+    "end_due",
+    "next_sampled",
+    "sampled",
+]
 
 #: A sampled tool watches every step before this one (16 steps, then one in N, give the medians;
 #: 64 cost a 2-epoch job of 32 batches a step's phases on every step).
@@ -33,6 +40,20 @@ def sampled(step: int, every: int) -> bool:
     return every == 1 or step < SAMPLED_FROM_STEP or step % every == 0
 
 
+def next_sampled(step: int, every: int) -> int:
+    """The first step after ``step`` that :func:`sampled` watches (when a sleeper wakes).
+
+    Example:
+        >>> [next_sampled(s, 8) for s in (3, 15, 16, 17, 23, 24)]
+        [4, 16, 24, 24, 24, 32]
+        >>> all(sampled(next_sampled(s, 5), 5) for s in range(60))
+        True
+    """
+    if every == 1 or step + 1 < SAMPLED_FROM_STEP:
+        return step + 1
+    return (step // every + 1) * every
+
+
 def check_sample_every(value: Any) -> int:
     """``sample_every_n_steps``: an int of at least 1 (TypeError, ValueError otherwise)."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -40,3 +61,16 @@ def check_sample_every(value: Any) -> int:
     if value < 1:
         raise ValueError(f"`sample_every_n_steps` must be >= 1 (1: every step), got {value}")
     return value
+
+
+def end_due(step: int, every: int, log_every: int) -> int:
+    """The step of the next batch whose end opens a sampled step or logs (a sleeper's wake).
+
+    A batch that starts at step ``S - 1`` ends at step ``S``: its end is where a timeline opens
+    step ``S`` (before its fetch) or logs the window of steps it timed.
+
+    Example:
+        >>> end_due(17, 8, 50), end_due(17, 8, 20), end_due(3, 8, 50)
+        (23, 19, 3)
+    """
+    return min(next_sampled(step, every), (step // log_every + 1) * log_every) - 1

@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from lightning_speedpack.core import events, sampling
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import hub_of
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, Cell, log_fit_end, log_summary, log_table
@@ -32,6 +33,8 @@ __all__ = ["SyncFinding", "SyncPointError", "SyncPointWarnings", "SyncWarning"]
 
 Mode = Literal["warn", "error", "summary"]
 _MODES = ("warn", "error", "summary")
+#: What a sampled detector leaves uncalled under the doctor's hub until its next sampled step.
+_TRAIN_BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 
 
 def _sync_debug_api(trainer: pl.Trainer) -> SyncDebugApi | None:
@@ -240,12 +243,16 @@ class SyncPointWarnings(Callback):
         if detector is None:
             return
         step = trainer.global_step
-        if not sampling.sampled(step, self.sample_every_n_steps):
+        every = self.sample_every_n_steps
+        if not sampling.sampled(step, every):
             # Watch nothing until the next sampled step: the wrappers then return at once
             # (~0.8 us a call). The indexing ones stay as the detector left them at the last
             # step's end: out where the loader indexes a lot in the main process, else in
             # (a swap would cost more: see `SyncDetector.disarm`).
             detector.disarm(keep_indexing=True)
+            hub = hub_of(self)
+            if hub is not None:  # the doctor's: not called at all until then
+                hub.sleep(self, _TRAIN_BATCH_HOOKS, sampling.next_sampled(step, every))
             return
         self._train_batches += 1
         detector.arm(step)

@@ -35,6 +35,7 @@ __all__ = ["TRACE_DIR_ENV", "TRACE_ENV", "StepTimeline"]
 
 _RANGE = {phase: f"speedpack/{phase}" for phase in PHASES}
 _STEP_RANGE = "speedpack/step"
+_BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")  # asleep between samples too
 _PREFIX = "throughput/phase/"
 
 
@@ -110,28 +111,21 @@ class StepTimeline(Callback):
                                          CUDA device the run trains on (``pin_memory=True``),
                                          else 0
     ``data/h2d_gb_per_sec``              CUDA only: that batch's bytes over the device time
-                                         between two CUDA events recorded around Lightning's
-                                         whole ``batch_to_device`` (every tensor of the batch,
-                                         ``on_after_batch_transfer``, and host time before the
-                                         copy is enqueued while the device idles: a callback
-                                         has no hook closer to the copy), so a lower bound on
-                                         the copy's own rate; logged at the first log after
-                                         the end event completed (``query()``: no added sync)
+                                         between CUDA events around Lightning's whole
+                                         ``batch_to_device`` (with ``on_after_batch_transfer``
+                                         and host time before the copy: a lower bound on its
+                                         rate), logged once the end event completed (``query()``)
     ===================================  ==========================================================
 
-    Whether the copy's source was pinned is read from the DataLoaders: Lightning gives a
-    callback no hook before the copy, the loader's ``pin_memory`` is what pins each fetched
-    batch, and wrapping the module's own transfer hooks would change what your code runs. A
-    ``collate_fn`` or ``transfer_batch_to_device`` that pins by itself is not seen. The CUDA
-    events come from the table :data:`lightning_speedpack.timeline.transfer.TIMING`; on the
-    CPU-only machine this was written on, that path (and the GB/s) was exercised only through
-    injected fake events.
+    The source counts as pinned when every train DataLoader has ``pin_memory=True`` (a
+    ``collate_fn`` or ``transfer_batch_to_device`` that pins by itself is not seen). The CUDA
+    events come from :data:`lightning_speedpack.timeline.transfer.TIMING`; on the CPU-only
+    machine this was written on, that path was exercised only through injected fake events.
 
     With a listener on :data:`lightning_speedpack.core.events.BATCH_TRANSFER` (a
     :class:`~lightning_speedpack.SpeedAdvisor`), the run's measured copy so far
     (:meth:`measured_transfer`) is published on every logging step and at the end of every
-    training epoch (so the last one published covers every batch before anyone's
-    ``on_train_end``); nobody listening costs one dict lookup.
+    training epoch (before anyone's ``on_train_end``); nobody listening costs one dict lookup.
 
     Nothing is left behind: after fit, an exception or ``KeyboardInterrupt`` the profiler is
     stopped (an interrupted window writes no file), every NVTX range is popped, the optimizer
@@ -153,7 +147,8 @@ class StepTimeline(Callback):
         profile_memory: ``torch.profiler`` option for the window.
         with_stack: ``torch.profiler`` option for the window.
         sample_every_n_steps: time every step before step 16 and of a trace window, then one
-            step in this many (the others return early from each hook). ``1``: every step.
+            step in this many (the others return early from each hook; under the doctor's
+            :class:`~lightning_speedpack.core.hook_hub.HookHub` its hooks sleep). ``1``: all.
 
     Raises:
         TypeError: an argument has the wrong type.
@@ -232,17 +227,9 @@ class StepTimeline(Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(
-            _ranges=RangeStack(None, profiler=False),
-            _window=None,
-            _subscription=None,
-            _hooks=[],
-            _in_batch=False,
-            _step_open=False,
-            _training=False,
-            _tapped=None,
-            _actions={},
-        )
+        state.update(_ranges=RangeStack(None, profiler=False), _window=None, _subscription=None)
+        state.update(_hooks=[], _in_batch=False, _step_open=False, _training=False)
+        state.update(_tapped=None, _actions={})
         return state
 
     # ---- results ---------------------------------------------------------------------------
@@ -497,13 +484,24 @@ class StepTimeline(Callback):
         if window is not None and window.running:
             window.saw_step(step)
         elif not sampling.sampled(step, self.sample_every_n_steps):
-            self._quiet(TRAIN_STEP_HOOKS)  # not sampled: nothing to do until a sampled step
+            self._idle_until_sampled(trainer, step)
             return
         self._quiet(())
         self._step_open = True
         self._ranges.push(f"speedpack/step_{step}", _STEP_RANGE)
         self._ranges.push(_RANGE["other"])  # until the fetch starts
         self._clock.switch("other", time.perf_counter())
+
+    def _idle_until_sampled(self, trainer: pl.Trainer, step: int) -> None:
+        # Nothing to do before the batch whose end opens a sampled step or logs: under the
+        # doctor's hub, not even called until then (its batch hooks cost ~45 us a step, cold).
+        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        wake = sampling.end_due(step, self.sample_every_n_steps, every)
+        hub = hub_of(self) if self.sample_every_n_steps > 1 else None
+        if hub is not None and self._window is None and wake > step:
+            hub.sleep(self, (*TRAIN_STEP_HOOKS, *_BATCH_HOOKS), wake)
+        else:
+            self._quiet(TRAIN_STEP_HOOKS)
 
     def _quiet(self, hooks: tuple[str, ...]) -> None:
         # Under the doctor's HookHub a hook left to no one is not called at all (1 ms steps)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,9 +35,9 @@ class Recording(Callback):
         self.calls.append((self.name, "end"))
 
 
-def _fit(callbacks: list[Any], model: Any = None, **kwargs: Any) -> Trainer:
+def _fit(callbacks: list[Any], model: Any = None, max_steps: int = STEPS, **kwargs: Any) -> Trainer:
     trainer = Trainer(
-        max_steps=STEPS,
+        max_steps=max_steps,
         callbacks=callbacks,
         logger=False,
         enable_progress_bar=False,
@@ -330,3 +331,64 @@ def test_another_members_hooks_go_on_while_one_is_quiet() -> None:
 def test_a_member_without_a_hub_has_none() -> None:
     assert hub_of(Recording("x", [])) is None
     assert hub_of(object()) is None  # not weak-referenceable
+
+
+class _SleepsAtStep1(Recording):
+    """Records the global step of each call; at step 1 sleeps (all three hooks) until step 4,
+    its backward hook already quiet for good."""
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        self.calls.append((self.name, f"start {trainer.global_step}"))
+        hub = hub_of(self)
+        assert hub is not None
+        if trainer.global_step == 0:
+            hub.quiet(self, ("on_before_backward",))
+        if trainer.global_step == 1:
+            hub.sleep(self, ("on_train_batch_start", "on_train_batch_end"), until_step=4)
+
+
+def test_a_sleeping_member_is_not_called_until_its_step_and_then_as_before() -> None:
+    calls: list[tuple[str, str]] = []
+    sleeper, other = _SleepsAtStep1("s", calls), Recording("o", calls)
+    hub = HookHub([sleeper, other])
+    _fit([sleeper, other, hub], max_steps=6)
+    mine = [h for n, h in calls if n == "s"]
+    # steps 2 and 3 not called at all; from step 4 on every batch, and its backward hook, quiet
+    # before it slept, stays quiet after it woke
+    assert mine == ["start 0", "end", "start 1", "start 4", "end", "start 5", "end"]
+    assert [h for n, h in calls if n == "o"] == ["start", "backward", "end"] * 6
+    assert hub._alarms == {}  # woken: the batch start dispatches without the alarm check
+    assert hub.on_train_batch_start is hub._start
+
+
+def test_a_new_fit_wakes_every_sleeper() -> None:
+    calls: list[tuple[str, str]] = []
+    sleeper = _SleepsAtStep1("s", calls)
+    hub = HookHub([sleeper])
+    _fit([sleeper, hub], max_steps=3)  # ends asleep (until step 4)
+    assert hub._alarms
+    calls.clear()
+    _fit([sleeper, hub], max_steps=1)
+    assert calls == [("s", "start 0"), ("s", "end")]
+
+
+@pytest.mark.parametrize("until", [4.0, None, True])
+def test_sleep_wants_an_int_step(until: Any) -> None:
+    member = Recording("x", [])
+    with pytest.raises(TypeError, match="`until_step` must be an int"):
+        HookHub([member]).sleep(member, ("on_train_batch_start",), until)
+
+
+def test_quiet_wakes_a_sleeper_with_the_hooks_it_names() -> None:
+    calls: list[tuple[str, str]] = []
+    member = Recording("m", calls)
+    hub = HookHub([member])
+    at_step_0 = (SimpleNamespace(global_step=0), None, None, 0)  # trainer, module, batch, index
+    hub.sleep(member, ("on_train_batch_start", "on_train_batch_end"), until_step=100)
+    hub.on_train_batch_start(*at_step_0)
+    assert hub.on_train_batch_end is None  # alone on it: Lightning skips the hook
+    hub.quiet(member, ("on_before_backward",))  # e.g. from a once-a-fit hook: awake now
+    hub.on_train_batch_start(*at_step_0)
+    assert calls == [("m", "start")]
+    assert hub.on_before_backward is None
+    assert hub.on_train_batch_end is not None

@@ -16,6 +16,7 @@ from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 import lightning_speedpack
+from lightning_speedpack.core.hook_hub import HookHub
 from lightning_speedpack.doctor.runner import run_script
 from lightning_speedpack.sync_points import callback as sync_points
 from lightning_speedpack.sync_points import patching
@@ -313,15 +314,26 @@ class ItemEachStep(BoringModel):
         return out
 
 
+@pytest.mark.parametrize("hub", [False, True], ids=["alone", "under-a-hub"])
 def test_a_sampled_detector_watches_one_step_in_n_and_leaves_the_others_alone(
-    tmp_path: Path,
+    tmp_path: Path, hub: bool
 ) -> None:
     before = global_state.snapshot()
     cb = SyncPointWarnings(mode="summary", include_cpu=True, sample_every_n_steps=8)
     model = ItemEachStep()
-    fit(cb, model, tmp_path, max_steps=40)
+    starts: list[int] = []
+    if hub:  # the doctor's: between samples the detector sleeps, its hooks not called at all
+        start = cb.on_train_batch_start
+        cb.on_train_batch_start = lambda t, *a: (starts.append(t.global_step), start(t, *a))  # type: ignore[method-assign]
+        callbacks: list[Any] = [cb, HookHub([cb])]
+        trainer = Trainer(callbacks=callbacks, **quiet_trainer_kwargs(tmp_path, max_steps=40))
+        trainer.fit(model)
+    else:
+        fit(cb, model, tmp_path, max_steps=40)
     watched = [step for step, armed in enumerate(model.watched) if armed]
     assert watched == [*range(16), 16, 24, 32]  # every step at first, then one in 8
+    if hub:  # called on the watched steps, and on the first step of each stretch it sleeps
+        assert starts == sorted({*watched, 17, 25, 33})
     line = marked_lines(ItemEachStep.training_step)["item"]
     [finding] = cb.user_findings
     assert (finding.kind, finding.lineno, finding.count) == ("item", line, len(watched))
