@@ -12,7 +12,6 @@ import pytest
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel, RandomDataset
-from pytorch_lightning.loggers import Logger
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -24,34 +23,10 @@ from lightning_speedpack.throughput import callback as throughput_module
 from lightning_speedpack.throughput import nvml as _nvml
 from tests.helpers import global_state
 from tests.helpers.ddp import run_ddp
+from tests.helpers.loggers import MemoryLogger
 from tests.helpers.models import quiet_trainer_kwargs
 
 P = "throughput/"
-
-
-class MemoryLogger(Logger):
-    """Keeps every ``log_metrics`` call: (step, metrics)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int | None, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "memory"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.rows.append((step, dict(metrics)))
-
-    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def values(self, key: str) -> list[float]:
-        return [m[key] for _, m in self.rows if key in m]
 
 
 class SleepyDataset(Dataset[torch.Tensor]):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from pytorch_lightning import Callback, Trainer
-from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -24,6 +24,7 @@ from lightning_speedpack.sync_points import SyncPointWarnings
 from lightning_speedpack.timeline import PHASES, NvtxApi, RecordingNvtx, StepTimeline
 from lightning_speedpack.timeline.callback import TRACE_DIR_ENV, TRACE_ENV
 from tests.helpers import global_state
+from tests.helpers.loggers import MemoryLogger
 from tests.helpers.models import TinyCNN, quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
 
@@ -228,29 +229,6 @@ def test_a_sampled_timeline_times_one_step_in_n_with_its_data_wait(
     assert "(timed on 1 step in 4: 6 batches)" in timeline.doctor_findings()[0].message
 
 
-class _LoggedSteps(Logger):
-    """A logger that keeps the steps the timeline logged its phases at."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.steps: list[int] = []
-
-    @property
-    def name(self) -> str:
-        return "steps"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if any(key.startswith("throughput/phase/") for key in metrics):
-            self.steps.append(-1 if step is None else step)
-
-
 @pytest.mark.slow
 def test_a_sampled_timeline_asleep_under_a_hub_times_and_logs_as_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -267,17 +245,20 @@ def test_a_sampled_timeline_asleep_under_a_hub_times_and_logs_as_alone(
             n.append(t.global_step),
             s(t, *a),
         )
-        logger = _LoggedSteps()
+        logger = MemoryLogger()
         callbacks = [timeline, *([HookHub([timeline])] if hub else [])]
         trainer = Trainer(
             callbacks=callbacks, **quiet_trainer_kwargs(tmp_path, max_steps=14, logger=logger)
         )
         trainer.fit(_SlowStep())
         series = [step for step, _ in timeline.doctor_figures()["phase_ms_over_steps"]]
-        runs[hub] = (timeline._clock.run.batches, series, logger.steps, starts)
+        logged = [
+            step for step, m in logger.rows if any(k.startswith("throughput/phase/") for k in m)
+        ]
+        runs[hub] = (timeline._clock.run.batches, series, logged, starts)
     assert runs[True][:3] == runs[False][:3]
     assert runs[False][0] == 7  # steps 0-3, then 4, 8 and 12 timed
-    assert runs[False][1] == [6, 12, 14]
+    assert runs[False][1] == runs[False][2] == [6, 12, 14]  # logged where the series is
     assert runs[False][3] == list(range(14))  # alone: called every batch
     # under the hub: the timed steps (4, 8, 12) and the batches whose end opens one (7, 11)
     # or logs (5, 11); asleep on 6, 9-10 and 13
