@@ -161,6 +161,9 @@ class HookHub(Callback):
         # hook -> (members, their hooks, the dispatch to all of them) for the fit's members
         self._full: dict[str, tuple[list[Any], list[Callable[..., Any]], Any]] = {}
         self._quiet: dict[int, frozenset[str]] = {}  # id(member) -> hooks not called for now
+        # hook -> id(member) -> its place among the hook's owners, and the places quiet now
+        self._at: dict[str, dict[int, int]] = {}
+        self._quiet_at: dict[str, frozenset[int]] = {}
         # id(member) -> (the global step it wakes at, the member, its quiet hooks before it slept)
         self._alarms: dict[int, tuple[int, Any, frozenset[str]]] = {}
         self._next_alarm = math.inf
@@ -191,6 +194,8 @@ class HookHub(Callback):
             owners, calls = [m for m, _ in kept], [fn for _, fn in kept]
             full = self._dispatcher(hook, owners, calls) if kept else None
             self._full[hook] = (owners, calls, full)
+            self._at[hook] = {id(m): i for i, m in enumerate(owners)}
+            self._quiet_at[hook] = frozenset()
             self._set_hook(hook, full)
         self._quiet.clear()
         self._built: dict[str, dict[frozenset[int], Any]] = {}  # hook -> quiet members -> dispatch
@@ -232,12 +237,16 @@ class HookHub(Callback):
             return
         self._quiet[id(member)] = hooks
         for hook in hooks ^ before:
-            if hook in self._full:
+            # Kept up to date a member at a time: sampled members change every few batches.
+            i = self._at.get(hook, {}).get(id(member))
+            if i is not None:
+                was = self._quiet_at[hook]
+                self._quiet_at[hook] = was | {i} if hook in hooks else was - {i}
                 self._requiet(hook)
 
     def _requiet(self, hook: str) -> None:
-        owners, calls, full = self._full[hook]
-        quiet = frozenset(i for i, m in enumerate(owners) if hook in self._quiet.get(id(m), ()))
+        _, calls, full = self._full[hook]
+        quiet = self._quiet_at[hook]
         # A sampled member sleeps and wakes every few batches: each mix of quiet members is
         # built once a fit, then looked up.
         built = self._built.setdefault(hook, {})

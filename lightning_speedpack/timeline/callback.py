@@ -498,10 +498,9 @@ class StepTimeline(Callback):
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
         wake = sampling.end_due(step, self.sample_every_n_steps, every)
         hub = hub_of(self) if self.sample_every_n_steps > 1 else None
+        self._quiet(TRAIN_STEP_HOOKS)  # quiet first: the hub keeps them quiet when it wakes us
         if hub is not None and self._window is None and wake > step:
-            hub.sleep(self, (*TRAIN_STEP_HOOKS, *_BATCH_HOOKS), wake)
-        else:
-            self._quiet(TRAIN_STEP_HOOKS)
+            hub.sleep(self, _BATCH_HOOKS, wake)
 
     def _quiet(self, hooks: tuple[str, ...]) -> None:
         # Under the doctor's HookHub a hook left to no one is not called at all (1 ms steps)
