@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import torch
 from pytorch_lightning import Callback, Trainer
-from pytorch_lightning.loggers import Logger
 
 from lightning_speedpack.core import stages
 from lightning_speedpack.core.registry import registered_diagnostics
 from lightning_speedpack.data_xray.profiler import DataPipelineProfiler
 from tests.data_xray import pipeline_models as pm
 from tests.data_xray.pipeline_models import fit as _fit
+from tests.helpers.loggers import MemoryLogger
 from tests.helpers.models import quiet_trainer_kwargs
 from tests.helpers.namespaces import Namespace, each_namespace
 
@@ -24,26 +24,6 @@ TOLERANCE = 0.15
 
 # Lightning's hint for spawn workers that are not persistent (the test wants both kinds).
 pytestmark = pytest.mark.filterwarnings("ignore:.*Consider setting `persistent_workers=True`")
-
-
-class RecordingLogger(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[int | None, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "recording"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.calls.append((step, dict(metrics)))
 
 
 def _truth_ms(truth: torch.Tensor, total: int, count: int) -> float:
@@ -107,15 +87,15 @@ def test_batches_are_unchanged_and_the_loader_is_given_back(tmp_path: Path) -> N
 
 
 def test_keys_are_logged_at_the_global_step(tmp_path: Path) -> None:
-    logger = RecordingLogger()
+    logger = MemoryLogger()
     model = pm.PipelineModel(pm.new_truth(), workers=0)
     profiler = DataPipelineProfiler(
         probe="start", probe_batches=2, model_steps=2, log_every_n_steps=2
     )
     _fit(tmp_path, model, profiler, logger=logger)
-    steps = [step for step, m in logger.calls if "data/fetch_ms" in m]
+    steps = [step for step, m in logger.rows if "data/fetch_ms" in m]
     assert steps == [2, 4, 6]
-    keys = set().union(*(m for _, m in logger.calls))
+    keys = set().union(*(m for _, m in logger.rows))
     assert {
         "data/fetch_ms",
         "data/collate_ms",
@@ -124,7 +104,7 @@ def test_keys_are_logged_at_the_global_step(tmp_path: Path) -> None:
         "data/loader_ceiling_samples_per_sec",
         "data/model_ceiling_samples_per_sec",
     } <= keys
-    ceiling_steps = [s for s, m in logger.calls if "data/loader_ceiling_samples_per_sec" in m]
+    ceiling_steps = [s for s, m in logger.rows if "data/loader_ceiling_samples_per_sec" in m]
     assert ceiling_steps == [0]
 
 
