@@ -75,7 +75,6 @@ class EpochFigures:
 
     @property
     def rate(self) -> float:
-        """Samples per second the run consumed over these epochs."""
         """Samples per second the run consumed over this epoch's training time."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
