@@ -271,12 +271,15 @@ def test_a_clean_run_gets_no_warning(tmp_path: Path) -> None:
     ledger, _, _ = _fit(
         ns,
         tmp_path,
-        _model(ns.name)(batch_size=16, length=256),
+        _model(ns.name)(batch_size=16, length=512),
         [],
         max_epochs=2,
-        limit_val_batches=0.25,
+        limit_val_batches=0.125,
     )
-    assert _ids(ledger) == []
+    # 4 validation batches an epoch against 32 training ones: with 16 (and 4) the validation
+    # loop's own start made it 25% of a 2-core machine's loaded run now and then, and the
+    # validation-time finding was then the truth
+    assert _ids(ledger) == [], ledger.fractions()
 
 
 @each_namespace
