@@ -4,16 +4,16 @@ A DataLoader worker puts each collated batch in shared memory; the training proc
 it inside ``next``. With torch's default strategy on Linux (``file_descriptor``) each tensor's
 shared memory travels as a file descriptor, fetched through a connection to the worker that
 made it; with ``file_system`` the training process opens it by name. This times the training
-process's wait at ``next`` with the worker queue kept full (2 persistent workers, samples read
-from memory, a fixed step of matrix products between batches), both strategies alternated in
-one process, ``--rounds`` times, medians reported::
+process's wait at ``next`` with the worker queue kept full (2 workers started for each measure,
+samples read from memory, a fixed step of matrix products between batches), both strategies
+alternated in one process, ``--rounds`` times, medians reported::
 
     python benchmarks/handover.py --rounds 5
 
 It prints the median wait a batch for each strategy and batch shape, and the ratio
-(``file_descriptor`` over ``file_system``). ``file_system`` leaves a batch's shared memory as a
-file in ``/dev/shm`` until every process that holds it lets go: a process killed meanwhile leaks
-it (torch's ``torch_shm_manager`` cleans up after the workers it started).
+(``file_descriptor`` over ``file_system``). ``file_system`` keeps a batch's shared memory as a
+file in ``/dev/shm`` until every process that holds it lets go, so torch's documentation warns
+that it can leak when processes die unexpectedly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as tmp
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import print_table
@@ -35,23 +35,12 @@ STRATEGIES = ("file_descriptor", "file_system")
 SKIP = 4  # the first batches of an epoch wait for the workers to start: not the handover
 
 
-class InMemory(Dataset[tuple[torch.Tensor, int]]):
-    """``n`` samples of ``dim`` floats, read from memory (nothing for a worker to compute)."""
-
-    def __init__(self, n: int, dim: int) -> None:
-        self.x = torch.randn(n, dim)
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.x[index], index % 10
-
-
 def wait_per_batch(strategy: str, batch: int, dim: int, batches: int, step: torch.Tensor) -> float:
     """Median milliseconds in ``next`` a batch, past the epoch's first :data:`SKIP` batches."""
     tmp.set_sharing_strategy(strategy)  # type: ignore[no-untyped-call]
-    loader = DataLoader(InMemory(batch * (batches + SKIP), dim), batch_size=batch, num_workers=2)
+    n = batch * (batches + SKIP)  # samples read from memory: nothing for a worker to compute
+    data = TensorDataset(torch.randn(n, dim), torch.arange(n) % 10)
+    loader = DataLoader(data, batch_size=batch, num_workers=2)
     waits = []
     it = iter(loader)
     for i in range(batches + SKIP):
