@@ -343,7 +343,13 @@ def _world_cost() -> dict[str, float]:
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"world_zoo.py --cases clean --pairs 5 exited {proc.returncode}")
         cost = json.loads(out.read_text())["overhead"]
-    print(f"ddp doctor cost: fit {cost['fit_s']['ratio']:.3f}", file=sys.stderr, flush=True)
+    loop, cpu = cost["train_s"], cost["train_cpu_s"]
+    print(
+        f"ddp doctor cost: fit {cost['fit_s']['ratio']:.3f}, loop {loop['ratio']:.3f} "
+        f"(A/A {loop['a_a']:.3f}), loop CPU time {cpu['ratio']:.3f} (A/A {cpu['a_a']:.3f})",
+        file=sys.stderr,
+        flush=True,
+    )
     return {"ddp-doctor-loop-cost": cost["train_s"]["ratio"]}
 
 

@@ -6,7 +6,7 @@ collector's scans. This times one full collection (``gc.collect()``) in this pro
 and one after ``gc.freeze()`` (then ``gc.unfreeze()``), the two alternated, medians of the
 rounds.
 
-Run ``.venv/bin/python benchmarks/collector.py [--repeats 7]``.
+Run ``.venv/bin/python benchmarks/collector.py [--quick] [--repeats 7]``.
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ def full_collection_s(*, frozen: bool) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=None, help="alternating rounds (7)")
+    parser.add_argument("--quick", action="store_true", help="5 rounds")
     args = parser.parse_args()
+    args.repeats = args.repeats or (5 if args.quick else 7)
     import torch  # noqa: F401  (what a Lightning job has alive before fit)
 
     for name in ("pytorch_lightning", "lightning.pytorch"):

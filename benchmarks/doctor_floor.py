@@ -18,7 +18,7 @@ The variants alternate in rotating order, each fit timed over its training loop 
 ratios are medians over the rounds of each variant's ms a step over the plain fit's in the same
 round. The silenced variants measure nothing: their reports are not read.
 
-Run ``.venv/bin/python benchmarks/doctor_floor.py [--steps 400] [--repeats 7]``.
+Run ``.venv/bin/python benchmarks/doctor_floor.py [--quick] [--steps 400] [--repeats 7]``.
 """
 
 from __future__ import annotations
@@ -118,9 +118,12 @@ def step_ms(variant: str, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--steps", type=int, default=400, help="training steps a fit")
-    parser.add_argument("--repeats", type=int, default=7, help="alternating rounds (>= 5)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps a fit (400)")
+    parser.add_argument("--repeats", type=int, default=None, help="alternating rounds (7, >= 5)")
+    parser.add_argument("--quick", action="store_true", help="200 steps, 5 rounds")
     args = parser.parse_args()
+    args.steps = args.steps or (200 if args.quick else 400)
+    args.repeats = args.repeats or (5 if args.quick else 7)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29583")
     warnings.filterwarnings("ignore")

@@ -145,6 +145,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=STEPS, help="training steps a fit")
     parser.add_argument("--top", type=int, default=20, help="modules listed")
     parser.add_argument("--figure", action="store_true", help="print the extra lines a step only")
+    parser.add_argument(
+        "--quick", action="store_true", help="the same run: a count, not a timing (~1 minute)"
+    )
     args = parser.parse_args()
     (plain, plain_calls), (doctor, doctor_calls) = measure(args.steps)
     n = args.steps

@@ -12,9 +12,11 @@ is the first of them in the order the report shows; a straggler case is *named* 
 straggler finding names the planted rank (and node) and the planted part (for the moving case:
 that the slowest rank changes between epochs). A clean run must get no warning or error at all.
 
-The doctor's cost: the clean job plain and under the doctor, alternating, ``--pairs`` pairs
-(default 5; 0 with ``--quick``), each timing its own ``trainer.fit`` on rank 0; the ratio of
-the medians, with the spread of the pairs' ratios.
+The doctor's cost: the clean job plain, under the doctor and plain again, alternating, for
+``--pairs`` rounds (default 5; 0 with ``--quick``), each timing its own ``trainer.fit`` and
+training loop on rank 0 (wall and CPU seconds); the ratio of the medians, with the spread of the
+pairs' ratios, and the A/A ratio (the plain job again over the plain job: the measurement's own
+noise).
 
     python benchmarks/world_zoo.py [--quick] [--cases a,b] [--pairs N] [--keep DIR] [--json PATH]
 """
@@ -387,58 +389,64 @@ def zoo(cases: list[str], keep: Path | None) -> dict[str, Any]:
     }
 
 
+#: The cost's variants: the plain job a second time is the measurement's own noise (A/A).
+_VARIANTS = ("plain", "doctor", "plain, again")
+
+
 def overhead(pairs: int, epochs: int = 2) -> dict[str, Any]:
-    """The clean job's fit and training-loop seconds, plain and under the doctor, alternating."""
+    """The clean job's fit and training-loop seconds: plain, under the doctor, plain again.
+
+    The three alternate (each round starts with the next of them); ``ratio`` is the doctor's
+    median over the plain one's, ``a_a`` the second plain one's over the first.
+    """
     os.environ["WORLD_JOB_EPOCHS"] = str(epochs)  # read by the job, in the child processes
-    keys = ("fit_s", "train_s")
-    fits: dict[str, dict[str, list[float]]] = {
-        v: {k: [] for k in keys} for v in ("plain", "doctor")
-    }
+    keys = ("fit_s", "train_s", "train_cpu_s")
+    fits: dict[str, dict[str, list[float]]] = {v: {k: [] for k in keys} for v in _VARIANTS}
     with tempfile.TemporaryDirectory(prefix="speedpack-world-cost-") as tmp:
         for i in range(pairs):
-            order = ["plain", "doctor"] if i % 2 == 0 else ["doctor", "plain"]
-            for variant in order:
-                wall_out = Path(tmp) / f"{variant}.wall.json"
-                wall_out.unlink(missing_ok=True)
-                job = _job("clean", Path(tmp) / variant, wall_out)
-                lead = _doctor(Path(tmp) / "report.json") if variant == "doctor" else []
-                ((code, _, err),) = run_together([[sys.executable, *lead, *job]], TIMEOUT_S)
-                if code != 0 or not wall_out.exists():
-                    raise SystemExit(f"overhead: {variant} failed (exit {code}):\n{err[-2000:]}")
-                measured = json.loads(wall_out.read_text())
-                for key in keys:
-                    fits[variant][key].append(measured[key])
+            for variant in _VARIANTS[i % 3 :] + _VARIANTS[: i % 3]:
+                for key, value in _timed_job(variant, Path(tmp)).items():
+                    fits[variant][key].append(value)
             print(
-                f"overhead pair {i + 1}: plain {fits['plain']['fit_s'][-1]:.2f} s "
-                f"(loop {fits['plain']['train_s'][-1]:.2f}), doctor "
-                f"{fits['doctor']['fit_s'][-1]:.2f} s (loop {fits['doctor']['train_s'][-1]:.2f})",
+                f"overhead round {i + 1}: "
+                + ", ".join(
+                    f"{v} {fits[v]['fit_s'][-1]:.2f} s (loop {fits[v]['train_s'][-1]:.2f})"
+                    for v in _VARIANTS
+                ),
                 file=sys.stderr,
                 flush=True,
             )
     rows, out = [], {}
-    for key, label in (("fit_s", "`trainer.fit` (with rank 1's start)"), ("train_s", "loop")):
-        plain, doctor = (statistics.median(fits[v][key]) for v in ("plain", "doctor"))
+    labelled = (
+        ("fit_s", "`trainer.fit` (with rank 1's start)"),
+        ("train_s", "loop"),
+        ("train_cpu_s", "loop, CPU time of rank 0's process"),
+    )
+    for key, label in labelled:
+        plain, doctor, again = (statistics.median(fits[v][key]) for v in _VARIANTS)
         pair = sorted(d / p for d, p in zip(fits["doctor"][key], fits["plain"][key], strict=True))
-        out[key] = {"ratio": doctor / plain, "pair_ratios": pair}
+        out[key] = {"ratio": doctor / plain, "a_a": again / plain, "pair_ratios": pair}
         rows.append(
             [
                 label,
                 f"{plain:.2f}",
                 f"{doctor:.2f}",
                 f"**{doctor / plain:.3f}x**",
+                f"{again / plain:.3f}x",
                 f"{pair[0]:.2f}-{pair[-1]:.2f}x (median {statistics.median(pair):.2f}x)",
                 ", ".join(f"{s:.2f}" for s in fits["plain"][key]),
                 ", ".join(f"{s:.2f}" for s in fits["doctor"][key]),
             ]
         )
     print_table(
-        f"The doctor's cost on the clean 2-rank job: {pairs} alternating pairs, ratio of the "
-        f"medians (bound 1.05x)",
+        f"The doctor's cost on the clean 2-rank job: {pairs} alternating rounds, ratio of the "
+        f"medians (bound 1.05x); A/A: the plain job again over the plain job",
         [
             "seconds of",
             "plain median",
             "doctor median",
             "ratio",
+            "A/A",
             "pairs' ratios",
             "plain",
             "doctor",
@@ -446,6 +454,19 @@ def overhead(pairs: int, epochs: int = 2) -> dict[str, Any]:
         rows,
     )
     return {**out, "seconds": fits}
+
+
+def _timed_job(variant: str, tmp: Path) -> dict[str, float]:
+    # One launch of the clean job (under the doctor for "doctor"): rank 0's clocks.
+    wall_out = tmp / "wall.json"
+    wall_out.unlink(missing_ok=True)
+    job = _job("clean", tmp / variant.replace(", ", "-"), wall_out)
+    lead = _doctor(tmp / "report.json") if variant == "doctor" else []
+    ((code, _, err),) = run_together([[sys.executable, *lead, *job]], TIMEOUT_S)
+    if code != 0 or not wall_out.exists():
+        raise SystemExit(f"overhead: {variant} failed (exit {code}):\n{err[-2000:]}")
+    measured = json.loads(wall_out.read_text())
+    return {key: float(measured[key]) for key in ("fit_s", "train_s", "train_cpu_s")}
 
 
 def main() -> None:

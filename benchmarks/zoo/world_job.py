@@ -36,7 +36,8 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
 
 ``--wall-out PATH`` (rank 0 only) writes the wall seconds of ``trainer.fit`` (``perf_counter``
 around the call; with Lightning's launcher it includes starting rank 1) and of the training loop
-alone (the module's ``on_train_start`` to ``on_train_end``) to PATH as JSON.
+alone (the module's ``on_train_start`` to ``on_train_end``), and the loop's CPU seconds (every
+thread of rank 0's process), to PATH as JSON.
 
 ``--device cuda`` (``benchmarks/gpu/check_world.py``) trains on the GPU, one device a process
 (``devices=1``): one rank alone gets NCCL (``strategy="ddp"``); with ``--nodes 2`` (two ``torchrun``
@@ -244,9 +245,13 @@ class MLP(LightningModule):
     def on_train_start(self) -> None:
         self.neighbour = busy_neighbour(self.global_rank) if self.case == "busy-host" else None
         self.train_started = time.perf_counter()
+        self.train_cpu_started = time.process_time()
 
     def on_train_end(self) -> None:
         self.train_s = time.perf_counter() - self.train_started
+        # The loop's CPU time, every thread of this rank's process (gloo's too): unlike its
+        # wall time it leaves out the time spent waiting for a CPU on a busy machine.
+        self.train_cpu_s = time.process_time() - self.train_cpu_started
         if self.neighbour is not None:
             self.neighbour()
 
@@ -333,6 +338,7 @@ def main() -> None:
                     {
                         "fit_s": wall,
                         "train_s": model.train_s,
+                        "train_cpu_s": model.train_cpu_s,
                         "steps": trainer.global_step,
                         # perf_counter at the loop's start: to place other clocks' events in it
                         "train_started": model.train_started,

@@ -1,0 +1,136 @@
+"""The doctor's cost on the DDP zoo's clean 2-rank job, alternated inside the same two ranks.
+
+``benchmarks/world_zoo.py --pairs`` launches a fresh 2-rank job for each fit, plain or under
+``speedpack doctor``: about 10 s apart, on a shared CPU whose speed drifts by more than the
+doctor's cost, its A/A (the plain job against itself) reads up to 1.06x on 5 rounds. Here one
+launch of two ranks (Lightning's launcher, gloo, one torch thread a rank: ``zoo/world_job.py``'s
+clean MLP and Trainer) fits the job again and again, each fit plain, under the doctor's default
+set (``DoctorSession().installed()`` around the Trainer: what ``speedpack doctor`` does to a
+script) or plain again, in rotating order, ~3 s a fit. Rank 0 times each fit's training loop
+(``on_train_start`` to ``on_train_end``, wall and its process's CPU time) and prints the median
+of the paired ratios to the plain fit of the same round.
+
+What it leaves out: the doctor's start (its imports, the launch) and its end of fit (the report,
+the gather of every rank's figures), which ``world_zoo.py --pairs`` keeps in its ``trainer.fit``
+row; and a doctor started for one fit in a process that already ran others (its caches warm).
+
+Run ``.venv/bin/python benchmarks/world_cost.py [--quick] [--rounds 9] [--epochs 16]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
+import world_job
+from _common import print_table
+
+from lightning_speedpack.doctor.runner import DoctorSession
+
+__all__ = ["VARIANTS", "fit_loop"]
+
+#: The variants, rotated round by round; the plain job again is the measurement's own noise.
+VARIANTS = ("plain", "doctor", "plain, again")
+
+
+class _Timed(world_job.MLP):
+    """The clean MLP, its training loop timed in wall and CPU seconds."""
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self.cpu_started = time.process_time()
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.loop_cpu_s = time.process_time() - self.cpu_started
+
+
+def fit_loop(variant: str, root: Path) -> tuple[float, float, bool]:
+    """One fit of the clean job in ``variant``: its loop's wall and CPU seconds, and rank zero."""
+    from pytorch_lightning import Trainer
+
+    kwargs = world_job.trainer_kwargs("clean", root)
+    if variant == "doctor":
+        with DoctorSession().installed():
+            trainer = Trainer(**kwargs)
+            model = _Timed("clean")
+            trainer.fit(model)
+    else:
+        trainer = Trainer(**kwargs)
+        model = _Timed("clean")
+        trainer.fit(model)
+    return model.train_s, model.loop_cpu_s, trainer.is_global_zero
+
+
+def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
+    plain = seconds["plain"]
+    rows = []
+    for variant in VARIANTS:
+        mine = seconds[variant]
+        paired = sorted(m / p for m, p in zip(mine, plain, strict=True))
+        rows.append(
+            [
+                variant,
+                f"{statistics.median(mine):.3f}",
+                f"**{statistics.median(paired):.3f}x**",
+                f"{paired[0]:.3f}-{paired[-1]:.3f}x",
+                ", ".join(f"{s:.2f}" for s in mine),
+            ]
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (9, >= 5)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs a fit (16; 32 steps each)")
+    parser.add_argument("--quick", action="store_true", help="5 rounds of 4 epochs")
+    args = parser.parse_args()
+    args.rounds = args.rounds or (5 if args.quick else 9)
+    args.epochs = args.epochs or (4 if args.quick else 16)
+    if args.rounds < 5:
+        parser.error(f"--rounds must be at least 5 (medians of alternating runs): {args.rounds}")
+    # world_job reads its epochs at import in every rank: the child ranks inherit this.
+    os.environ["WORLD_JOB_EPOCHS"] = str(args.epochs)
+    world_job.EPOCHS = args.epochs
+    warnings.filterwarnings("ignore")
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_speedpack"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    torch.set_num_threads(1)  # 2 ranks on 2 cores, as the zoo's job
+    root = Path(tempfile.mkdtemp(prefix="speedpack-world-cost-"))
+    fit_loop("doctor", root / "warm-up")  # imports, first paths, the process group: not timed
+    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    zero = False
+    for i in range(args.rounds):
+        for variant in VARIANTS[i % 3 :] + VARIANTS[: i % 3]:
+            loop_s, cpu_s, zero = fit_loop(variant, root / f"{i}-{variant}")
+            wall[variant].append(loop_s)
+            cpu[variant].append(cpu_s)
+        if zero:
+            line = ", ".join(f"{v} {wall[v][-1]:.2f} s" for v in VARIANTS)
+            print(f"round {i + 1}: {line}", file=sys.stderr, flush=True)
+    if not zero:
+        return  # rank 1 trained too; rank 0 prints
+    header = ["variant", "median s", "median of paired ratios", "range", "seconds"]
+    title = (
+        f"The clean 2-rank job's training loop ({args.epochs} epochs of 32 steps), "
+        f"{args.rounds} rounds alternated in the same two ranks"
+    )
+    print_table(f"{title}: wall time of rank 0's loop", header, _rows(wall))
+    print_table(f"{title}: CPU time of rank 0's process in its loop", header, _rows(cpu))
+
+
+if __name__ == "__main__":
+    main()
