@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -44,18 +43,6 @@ __all__ = ["VARIANTS", "fit_loop"]
 VARIANTS = ("plain", "doctor", "plain, again")
 
 
-class _Timed(world_job.MLP):
-    """The clean MLP, its training loop timed in wall and CPU seconds."""
-
-    def on_train_start(self) -> None:
-        super().on_train_start()
-        self.cpu_started = time.process_time()
-
-    def on_train_end(self) -> None:
-        super().on_train_end()
-        self.loop_cpu_s = time.process_time() - self.cpu_started
-
-
 def fit_loop(variant: str, root: Path) -> tuple[float, float, bool]:
     """One fit of the clean job in ``variant``: its loop's wall and CPU seconds, and rank zero."""
     from pytorch_lightning import Trainer
@@ -64,13 +51,13 @@ def fit_loop(variant: str, root: Path) -> tuple[float, float, bool]:
     if variant == "doctor":
         with DoctorSession().installed():
             trainer = Trainer(**kwargs)
-            model = _Timed("clean")
+            model = world_job.MLP("clean")
             trainer.fit(model)
     else:
         trainer = Trainer(**kwargs)
-        model = _Timed("clean")
+        model = world_job.MLP("clean")
         trainer.fit(model)
-    return model.train_s, model.loop_cpu_s, trainer.is_global_zero
+    return model.train_s, model.train_cpu_s, trainer.is_global_zero
 
 
 def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
