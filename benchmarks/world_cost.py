@@ -78,6 +78,25 @@ def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
     return rows
 
 
+def _alternate(
+    rounds: int, root: Path
+) -> tuple[dict[str, list[float]], dict[str, list[float]], bool]:
+    # The variants in rotating order, round by round: loop wall and CPU seconds of each fit.
+    fit_loop("doctor", root / "warm-up")  # imports, first paths, the process group: not timed
+    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    zero = False
+    for i in range(rounds):
+        for variant in VARIANTS[i % 3 :] + VARIANTS[: i % 3]:
+            loop_s, cpu_s, zero = fit_loop(variant, root / f"{i}-{variant}")
+            wall[variant].append(loop_s)
+            cpu[variant].append(cpu_s)
+        if zero:
+            line = ", ".join(f"{v} {wall[v][-1]:.2f} s" for v in VARIANTS)
+            print(f"round {i + 1}: {line}", file=sys.stderr, flush=True)
+    return wall, cpu, zero
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (9, >= 5)")
@@ -95,19 +114,8 @@ def main() -> None:
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_speedpack"):
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(1)  # 2 ranks on 2 cores, as the zoo's job
-    root = Path(tempfile.mkdtemp(prefix="speedpack-world-cost-"))
-    fit_loop("doctor", root / "warm-up")  # imports, first paths, the process group: not timed
-    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    zero = False
-    for i in range(args.rounds):
-        for variant in VARIANTS[i % 3 :] + VARIANTS[: i % 3]:
-            loop_s, cpu_s, zero = fit_loop(variant, root / f"{i}-{variant}")
-            wall[variant].append(loop_s)
-            cpu[variant].append(cpu_s)
-        if zero:
-            line = ", ".join(f"{v} {wall[v][-1]:.2f} s" for v in VARIANTS)
-            print(f"round {i + 1}: {line}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="speedpack-world-cost-") as tmp:  # each rank its own
+        wall, cpu, zero = _alternate(args.rounds, Path(tmp))
     if not zero:
         return  # rank 1 trained too; rank 0 prints
     header = ["variant", "median s", "median of paired ratios", "range", "seconds"]
