@@ -2,8 +2,11 @@
 
 A rank that is slow because of its host stays the slowest epoch after epoch; when the data is
 the cause (some batches cost more than others, dealt out anew each epoch) the slowest rank
-moves, and over the whole run the ranks' waits average out. These functions read each rank's
-per-epoch clock rows (epoch, batches, span s, gap s, gaps, backward s;
+moves, and over the whole run the ranks' waits average out. A host whose other work moves
+from one rank's core to another's moves the slowest rank too: an epoch whose slowest rank spent
+its extra time ready to run with no CPU free (its wait for a CPU, read by the kernel) is the
+host's, not evidence about the data. These functions read each rank's per-epoch clock rows
+(epoch, batches, span s, gap s, gaps, backward s, CPU wait s or None;
 :meth:`~lightning_speedpack.world.payload.StepClock.figures`).
 """
 
@@ -15,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_speedpack.world.engine import (
+    CPU_WAIT_SHARE,
     STRAGGLER_MIN_MS,
     STRAGGLER_RATIO,
     Straggler,
@@ -24,27 +28,42 @@ from lightning_speedpack.world.engine import (
 __all__ = ["epoch_waits", "moving_straggler", "slowest_by_epoch"]
 
 
+_Row = tuple[float, float, int, "float | None"]  # cycle ms, backward ms, batches, CPU wait ms
+
+
 def _epoch_table(
-    epochs: Mapping[int, Sequence[Sequence[float]]],
-) -> dict[int, dict[int, tuple[float, float, int]]]:
-    # {epoch: {rank: (cycle ms, backward ms, batches)}}
-    by_epoch: dict[int, dict[int, tuple[float, float, int]]] = {}
+    epochs: Mapping[int, Sequence[Sequence[float | None]]],
+) -> dict[int, dict[int, _Row]]:
+    # {epoch: {rank: (cycle ms, backward ms, batches, CPU wait ms a batch or None)}}
+    by_epoch: dict[int, dict[int, _Row]] = {}
     for rank, rows in epochs.items():
         for row in rows:
-            epoch, batches, span, gap, gaps, backward = (float(x) for x in row[:6])
+            epoch, batches, span, gap, gaps, backward = (float(x or 0.0) for x in row[:6])
             if batches <= 0:
                 continue
             cycle = 1000.0 * (span / batches + (gap / gaps if gaps else 0.0))
+            cpu = row[6] if len(row) > 6 else None  # rows sent before the CPU wait was kept
             by_epoch.setdefault(int(epoch), {})[int(rank)] = (
                 cycle,
                 1000.0 * backward / batches,
                 int(batches),
+                None if cpu is None else 1000.0 * float(cpu) / batches,
             )
     return by_epoch
 
 
+def _host_kept_it(ranks: Mapping[int, _Row], slow: int, excess: float) -> bool:
+    # Whether the slowest rank's extra wait for a CPU is CPU_WAIT_SHARE of its excess or more
+    # (False when a rank did not measure it).
+    cpu = {rank: row[3] for rank, row in ranks.items()}
+    if any(c is None for c in cpu.values()):
+        return False
+    others = median([float(c) for r, c in cpu.items() if r != slow and c is not None])
+    return float(cpu[slow] or 0.0) - others >= CPU_WAIT_SHARE * excess
+
+
 def slowest_by_epoch(
-    epochs: Mapping[int, Sequence[Sequence[float]]],
+    epochs: Mapping[int, Sequence[Sequence[float | None]]],
     *,
     ratio: float = STRAGGLER_RATIO,
     min_ms: float = STRAGGLER_MIN_MS,
@@ -52,7 +71,10 @@ def slowest_by_epoch(
     """``[[epoch, rank], ...]``: each epoch whose slowest rank is plain, and that rank.
 
     ``epochs`` holds each rank's per-epoch clock rows (epoch, batches, span s, gap s, gaps,
-    backward s; :meth:`~lightning_speedpack.world.payload.StepClock.figures`).
+    backward s, CPU wait s; :meth:`~lightning_speedpack.world.payload.StepClock.figures`). An
+    epoch whose slowest rank was kept off the CPU (its extra wait for one is
+    :data:`~lightning_speedpack.world.engine.CPU_WAIT_SHARE` of its excess or more) is left
+    out: that is its host's doing, not the data's.
 
     Example:
         >>> slow_1 = {0: [[0, 10, 0.4, 0.02, 9, 0.35]], 1: [[0, 10, 0.05, 0.36, 9, 0.01]]}
@@ -63,16 +85,18 @@ def slowest_by_epoch(
     for epoch, ranks in sorted(_epoch_table(epochs).items()):
         if len(ranks) < 2:
             continue
-        low = min(b for _, b, _ in ranks.values())
-        own = {r: cycle - (b - low) for r, (cycle, b, _) in ranks.items()}
+        low = min(row[1] for row in ranks.values())
+        own = {r: row[0] - (row[1] - low) for r, row in ranks.items()}
         slow = max(own, key=lambda r: own[r])
         base = median([v for r, v in own.items() if r != slow])
-        if own[slow] >= ratio * base and own[slow] - base >= min_ms:
+        excess = own[slow] - base
+        plain = own[slow] >= ratio * base and excess >= min_ms
+        if plain and not _host_kept_it(ranks, slow, excess):
             out.append([epoch, slow])
     return out
 
 
-def epoch_waits(epochs: Mapping[int, Sequence[Sequence[float]]]) -> dict[int, float]:
+def epoch_waits(epochs: Mapping[int, Sequence[Sequence[float | None]]]) -> dict[int, float]:
     """Seconds each rank waited for the others, epoch by epoch (backward above the epoch's least).
 
     Unlike the run's wait, a slowest rank that changes between epochs does not cancel out.
@@ -84,8 +108,8 @@ def epoch_waits(epochs: Mapping[int, Sequence[Sequence[float]]]) -> dict[int, fl
     """
     waits: dict[int, float] = {}
     for ranks in _epoch_table(epochs).values():
-        low = min(b for _, b, _ in ranks.values())
-        for rank, (_, backward, batches) in ranks.items():
+        low = min(row[1] for row in ranks.values())
+        for rank, (_, backward, batches, _) in ranks.items():
             waits[rank] = round(waits.get(rank, 0.0) + (backward - low) * batches / 1000.0, 6)
     return dict(sorted(waits.items()))
 

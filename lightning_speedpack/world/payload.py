@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from lightning_speedpack.core.collectives import (
     bounded_gather_bytes,
     collective_timeout,
 )
+from lightning_speedpack.core.cpu_wait import thread_cpu_wait_s
 from lightning_speedpack.core.findings import Finding
 
 __all__ = [
@@ -149,8 +150,9 @@ class _Epoch:
     gap_s: float = 0.0
     gaps: int = 0
     backward_s: float = 0.0
+    cpu_wait_s: float | None = None  # the training thread's wait for a CPU in the epoch
 
-    def row(self) -> list[float]:
+    def row(self) -> list[float | None]:
         return [
             self.epoch,
             self.batches,
@@ -158,6 +160,7 @@ class _Epoch:
             round(self.gap_s, 6),
             self.gaps,
             round(self.backward_s, 6),
+            None if self.cpu_wait_s is None else round(self.cpu_wait_s, 6),
         ]
 
 
@@ -170,7 +173,11 @@ class StepClock:
     out), the *span* from its start to its end (forward, backward, optimizer, the batch-end
     hooks) and *backward* (Lightning's ``on_before_backward`` to ``on_after_backward``: under
     DDP this is where a rank waits for the slowest one in the gradient all-reduce). Summed for
-    the run and per epoch; nothing here touches a device or another rank.
+    the run and per epoch; nothing here touches a device or another rank. Each epoch also keeps
+    the training thread's wait for a CPU (``cpu_wait``, read at the epoch's start and end:
+    :func:`~lightning_speedpack.core.cpu_wait.thread_cpu_wait_s`; validation run inside the
+    epoch counts too), which tells a rank kept off the CPU in that epoch from one whose data or
+    code was slower.
 
     Example:
         >>> clock = StepClock()
@@ -187,6 +194,9 @@ class StepClock:
     """
 
     epochs: list[_Epoch] = field(default_factory=list)
+    #: Seconds the training thread has waited for a CPU so far (None where the kernel does
+    #: not say): read twice an epoch, never in a batch.
+    cpu_wait: Callable[[], float | None] = thread_cpu_wait_s
     batch_size_min: int | None = None
     batch_size_max: int | None = None
     _last_end: float | None = None
@@ -194,6 +204,7 @@ class StepClock:
     _backward: float | None = None
     _paused_at: float | None = None
     _paused_s: float = 0.0
+    _epoch_cpu_wait: float | None = None
 
     def _current(self) -> _Epoch:
         if not self.epochs:
@@ -204,10 +215,15 @@ class StepClock:
         """A training epoch begins: its first batch has no gap before it."""
         self.epochs.append(_Epoch(int(epoch)))
         self._last_end = None
+        self._epoch_cpu_wait = self.cpu_wait()
 
     def epoch_end(self) -> None:
         """A training epoch ended."""
         self._last_end = None
+        start, self._epoch_cpu_wait = self._epoch_cpu_wait, None
+        end = self.cpu_wait() if start is not None else None
+        if self.epochs and start is not None and end is not None:
+            self.epochs[-1].cpu_wait_s = max(end - start, 0.0)
 
     def pause(self, now: float) -> None:
         """Validation starts: the time until :meth:`resume` is not the batches'."""
@@ -256,7 +272,7 @@ class StepClock:
 
         ``batches``, ``cycle_ms``, ``gap_ms``, ``span_ms``, ``backward_ms`` (per batch), the
         batch sizes seen and ``epochs`` (a row per epoch: epoch, batches, span s, gap s, gaps,
-        backward s).
+        backward s, CPU wait s or None).
         """
         batches = sum(e.batches for e in self.epochs)
         gaps = sum(e.gaps for e in self.epochs)

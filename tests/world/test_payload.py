@@ -42,6 +42,26 @@ def test_the_clock_leaves_out_validation_and_the_first_gap_of_an_epoch() -> None
     assert figures["epochs"][0][4] == 2  # two gaps in an epoch of three batches
 
 
+def test_each_epoch_keeps_its_wait_for_a_cpu() -> None:
+    waited = iter([1.0, 1.25, 2.0, 2.0])  # the thread's run-queue delay so far, as read
+    clock = StepClock(cpu_wait=lambda: next(waited))
+    for epoch in (0, 1):
+        clock.epoch_start(epoch)
+        clock.batch_start(0.0)
+        clock.batch_end(0.01, 4)
+        clock.epoch_end()
+    assert [row[6] for row in clock.figures()["epochs"]] == [0.25, 0.0]
+
+
+def test_an_epoch_whose_wait_for_a_cpu_is_not_known_says_none() -> None:
+    clock = StepClock(cpu_wait=lambda: None)  # not Linux, or no scheduler statistics
+    clock.epoch_start(0)
+    clock.batch_start(0.0)
+    clock.batch_end(0.01, 4)
+    clock.epoch_end()
+    assert clock.figures()["epochs"][0][6] is None
+
+
 def test_scalar_figures_flatten_and_drop_what_is_not_a_plain_scalar() -> None:
     figures = {
         "samples_per_sec": np.float64(10.5),
