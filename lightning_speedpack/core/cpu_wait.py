@@ -5,7 +5,8 @@ threads than cores) loses wall time that no profiler of its own code sees: its h
 step, its data wait all just take longer. The kernel counts that time per thread, as the
 second field of ``/proc/thread-self/schedstat`` (``run_delay``, in nanoseconds; kernels with
 ``CONFIG_SCHED_INFO``, which every mainstream distribution builds). Reading it is one small
-file read, done at the start and the end of a fit, never in the step.
+file read, done at the start and the end of a fit and of each training epoch, never in a
+step.
 """
 
 from __future__ import annotations
