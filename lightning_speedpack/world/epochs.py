@@ -28,7 +28,7 @@ from lightning_speedpack.world.engine import (
 __all__ = ["epoch_waits", "moving_straggler", "slowest_by_epoch"]
 
 
-_Row = tuple[float, float, int, "float | None"]  # cycle ms, backward ms, batches, CPU wait ms
+_Row = tuple[float, float, int, float | None]  # cycle ms, backward ms, batches, CPU wait ms
 
 
 def _epoch_table(
