@@ -4,7 +4,8 @@ Each case of ``benchmarks/zoo/world_job.py`` is a 2-rank DDP fit (gloo, CPU, an 
 1 ms a step, batch 8, 2 epochs) with one cause planted: a slow rank (its data, its step, on
 another node), a slow rank that moves between epochs, uneven ranks, communication it does not
 need, a model whose gradient all-reduce outweighs its compute (``comm-bound``), or a host
-that keeps one rank off the CPU (``busy-host``: expected as an info, with no warning). Each runs
+that keeps one rank off the CPU (``busy-host``: expected as an info, with no warning; in
+``busy-host-moving`` its load moves between the ranks' cores each epoch: no warning). Each runs
 unmodified under ``speedpack doctor --json`` in a fresh process (the two-node
 case as two ``torchrun`` agents on this host, the doctor as each one's entry). A planted case is
 *recalled* when the expected ``component/id`` is among the warnings and errors, *top-1* when it
@@ -71,6 +72,8 @@ CASES: dict[str, Case] = {
     "two-nodes": Case("world/straggler", rank=1, node=1, part="data wait", nodes=2),
     "comm-bound": Case("comm/comm-bound"),
     "busy-host": Case("world/straggler", rank=1, part="wait for a CPU", info=True),
+    # The neighbours move between the ranks' cores each epoch: no warning (not "the data").
+    "busy-host-moving": Case(None),
     "clean": Case(None),
     "clean-sync-epoch": Case(None),
 }

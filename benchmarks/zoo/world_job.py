@@ -29,6 +29,9 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
   gloo's all-reduce over loopback is most of the step.
 - ``two-nodes``: for ``torchrun --nnodes 2 --nproc-per-node 1`` (``devices=1, num_nodes=2``):
   the rank on node 1 sleeps 4 ms a sample in its dataset.
+- ``busy-host-moving``: as ``busy-host``, but the spinning processes move to rank 0's core in
+  odd epochs (back to rank 1's in even ones): the slowest rank changes with the host's load,
+  not with the data.
 - ``busy-host``: another job shares rank 1's core: for the training loop each rank (all its
   threads) is pinned to a core of its own, and 6 processes that spin (not the job's: they stand
   for a neighbour on the host) share rank 1's. Its code is no slower; it gets a seventh of its
@@ -86,6 +89,7 @@ CASES = (
     "two-nodes",
     "comm-bound",
     "busy-host",
+    "busy-host-moving",
 )
 #: ``busy-host``: spinning processes sharing rank 1's core (it gets about a seventh of it).
 RIVALS = 6
@@ -169,7 +173,7 @@ def busy_neighbour(rank: int) -> Any:
     """``busy-host``: each rank on a core of its own, rank 1's shared with spinning neighbours.
 
     On rank 1, :data:`RIVALS` spinning processes start on its core. Returns the function that
-    stops them and unpins the threads.
+    stops them and unpins the threads; its ``move_to(rank)`` puts them on that rank's core.
     """
     cores = sorted(os.sched_getaffinity(0))
     before = set(cores)
@@ -189,6 +193,14 @@ def busy_neighbour(rank: int) -> Any:
             rival.join(5)
         _pin_process(before)
 
+    def move_to(other: int) -> None:
+        for rival in rivals:
+            if rival.pid is None:  # never started: 0 would be this process
+                continue
+            with contextlib.suppress(OSError):  # one that ended meanwhile
+                os.sched_setaffinity(rival.pid, {cores[other % len(cores)]})
+
+    done.move_to = move_to  # type: ignore[attr-defined]
     return done
 
 
@@ -243,9 +255,15 @@ class MLP(LightningModule):
         return loss
 
     def on_train_start(self) -> None:
-        self.neighbour = busy_neighbour(self.global_rank) if self.case == "busy-host" else None
+        busy = self.case in ("busy-host", "busy-host-moving")
+        self.neighbour = busy_neighbour(self.global_rank) if busy else None
         self.train_started = time.perf_counter()
         self.train_cpu_started = time.process_time()
+
+    def on_train_epoch_start(self) -> None:
+        # busy-host-moving: the neighbours share rank 1's core in even epochs, rank 0's in odd.
+        if self.case == "busy-host-moving" and self.neighbour is not None:
+            self.neighbour.move_to(1 - self.current_epoch % 2)
 
     def on_train_end(self) -> None:
         self.train_s = time.perf_counter() - self.train_started
