@@ -20,6 +20,7 @@ Run ``.venv/bin/python benchmarks/world_cost.py [--quick] [--rounds 9] [--epochs
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import statistics
@@ -33,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 import world_job
-from _common import print_table
+from _common import alternate_samples, paired_ratio, print_table
 
 from lightning_speedpack.doctor.runner import DoctorSession
 
@@ -61,16 +62,15 @@ def fit_loop(variant: str, root: Path) -> tuple[float, float, bool]:
 
 
 def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
-    plain = seconds["plain"]
     rows = []
     for variant in VARIANTS:
         mine = seconds[variant]
-        paired = sorted(m / p for m, p in zip(mine, plain, strict=True))
+        paired = sorted(m / p for m, p in zip(mine, seconds["plain"], strict=True))
         rows.append(
             [
                 variant,
                 f"{statistics.median(mine):.3f}",
-                f"**{statistics.median(paired):.3f}x**",
+                f"**{paired_ratio(seconds, variant, 'plain'):.3f}x**",
                 f"{paired[0]:.3f}-{paired[-1]:.3f}x",
                 ", ".join(f"{s:.2f}" for s in mine),
             ]
@@ -81,20 +81,18 @@ def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
 def _alternate(
     rounds: int, root: Path
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], bool]:
-    # The variants in rotating order, round by round: loop wall and CPU seconds of each fit.
+    # _common.alternate_samples over the loop's wall seconds; its CPU seconds kept beside.
     fit_loop("doctor", root / "warm-up")  # imports, first paths, the process group: not timed
-    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    zero = False
-    for i in range(rounds):
-        for variant in VARIANTS[i % 3 :] + VARIANTS[: i % 3]:
-            loop_s, cpu_s, zero = fit_loop(variant, root / f"{i}-{variant}")
-            wall[variant].append(loop_s)
-            cpu[variant].append(cpu_s)
-        if zero:
-            line = ", ".join(f"{v} {wall[v][-1]:.2f} s" for v in VARIANTS)
-            print(f"round {i + 1}: {line}", file=sys.stderr, flush=True)
-    return wall, cpu, zero
+    zero = [False]
+
+    def run(variant: str) -> float:
+        loop_s, cpu_s, zero[0] = fit_loop(variant, root / f"{len(cpu[variant])}-{variant}")
+        cpu[variant].append(cpu_s)
+        return loop_s
+
+    wall = alternate_samples({v: functools.partial(run, v) for v in VARIANTS}, rounds)
+    return wall, cpu, zero[0]
 
 
 def main() -> None:

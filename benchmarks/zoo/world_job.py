@@ -169,39 +169,40 @@ def _spin(stop: Any) -> None:
         sum(range(10_000))
 
 
-def busy_neighbour(rank: int) -> Any:
+class Neighbours:
     """``busy-host``: each rank on a core of its own, rank 1's shared with spinning neighbours.
 
-    On rank 1, :data:`RIVALS` spinning processes start on its core. Returns the function that
-    stops them and unpins the threads; its ``move_to(rank)`` puts them on that rank's core.
+    On rank 1, :data:`RIVALS` spinning processes start on its core (forked after the pinning).
+    :meth:`move_to` puts them on another rank's core; :meth:`stop` ends them and unpins.
     """
-    cores = sorted(os.sched_getaffinity(0))
-    before = set(cores)
-    _pin_process({cores[rank % len(cores)]})  # each rank, gloo's threads too, on its own core
-    context = multiprocessing.get_context("fork")
-    stop = context.Event()
-    rivals = [
-        context.Process(target=_spin, args=(stop,), daemon=True)
-        for _ in range(RIVALS if rank == 1 else 0)
-    ]
-    for rival in rivals:
-        rival.start()  # forked after the pinning: on rank 1's core
 
-    def done() -> None:
-        stop.set()
-        for rival in rivals:
-            rival.join(5)
-        _pin_process(before)
+    def __init__(self, rank: int) -> None:
+        self.cores = sorted(os.sched_getaffinity(0))
+        self.before = set(self.cores)
+        _pin_process({self.cores[rank % len(self.cores)]})  # gloo's threads too
+        context = multiprocessing.get_context("fork")
+        self.stopping = context.Event()
+        count = RIVALS if rank == 1 else 0
+        self.rivals = [
+            context.Process(target=_spin, args=(self.stopping,), daemon=True) for _ in range(count)
+        ]
+        for rival in self.rivals:
+            rival.start()
 
-    def move_to(other: int) -> None:
-        for rival in rivals:
+    def move_to(self, rank: int) -> None:
+        """Every neighbour onto ``rank``'s core."""
+        for rival in self.rivals:
             if rival.pid is None:  # never started: 0 would be this process
                 continue
             with contextlib.suppress(OSError):  # one that ended meanwhile
-                os.sched_setaffinity(rival.pid, {cores[other % len(cores)]})
+                os.sched_setaffinity(rival.pid, {self.cores[rank % len(self.cores)]})
 
-    done.move_to = move_to  # type: ignore[attr-defined]
-    return done
+    def stop(self) -> None:
+        """End the neighbours and unpin this process's threads."""
+        self.stopping.set()
+        for rival in self.rivals:
+            rival.join(5)
+        _pin_process(self.before)
 
 
 def _pin_process(cores: set[int]) -> None:
@@ -256,7 +257,7 @@ class MLP(LightningModule):
 
     def on_train_start(self) -> None:
         busy = self.case in ("busy-host", "busy-host-moving")
-        self.neighbour = busy_neighbour(self.global_rank) if busy else None
+        self.neighbour = Neighbours(self.global_rank) if busy else None
         self.train_started = time.perf_counter()
         self.train_cpu_started = time.process_time()
 
@@ -271,7 +272,7 @@ class MLP(LightningModule):
         # wall time it leaves out the time spent waiting for a CPU on a busy machine.
         self.train_cpu_s = time.process_time() - self.train_cpu_started
         if self.neighbour is not None:
-            self.neighbour()
+            self.neighbour.stop()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)

@@ -36,6 +36,7 @@ __all__ = [
     "Straggler",
     "find_imbalance",
     "find_straggler",
+    "kept_off_cpu",
     "median",
     "spread",
     "world_rows",
@@ -306,13 +307,23 @@ def find_straggler(
 def _cpu_starved(
     slow: Mapping[str, Any], others: Sequence[Mapping[str, Any]], excess: float
 ) -> tuple[float, float] | None:
-    """The slow rank's and the others' CPU wait a step, when that explains its excess.
+    """The slow rank's and the others' CPU wait a step, when that explains its excess."""
+    mine = _number(slow.get("cpu_wait_ms"))
+    return kept_off_cpu(mine, [_number(o.get("cpu_wait_ms")) for o in others], excess)
+
+
+def kept_off_cpu(
+    mine: float | None, theirs: Sequence[float | None], excess: float
+) -> tuple[float, float] | None:
+    """The slow rank's CPU wait and the others' (median), when that wait explains its excess.
 
     Its extra wait for a CPU must be :data:`CPU_WAIT_SHARE` of its ``excess`` or more; None
-    when it is not, or when a rank did not measure it.
+    when it is not, or when a rank did not measure it (a None among the waits).
+
+    Example:
+        >>> kept_off_cpu(4.9, [0.2], excess=4.4), kept_off_cpu(0.4, [0.2], excess=4.4)
+        ((4.9, 0.2), None)
     """
-    mine = _number(slow.get("cpu_wait_ms"))
-    theirs = [_number(o.get("cpu_wait_ms")) for o in others]
     if mine is None or any(t is None for t in theirs):
         return None
     base = median([float(t) for t in theirs if t is not None])

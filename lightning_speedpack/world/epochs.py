@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_speedpack.world.engine import (
-    CPU_WAIT_SHARE,
     STRAGGLER_MIN_MS,
     STRAGGLER_RATIO,
     Straggler,
+    kept_off_cpu,
     median,
 )
 
@@ -50,16 +50,6 @@ def _epoch_table(
                 None if cpu is None else 1000.0 * float(cpu) / batches,
             )
     return by_epoch
-
-
-def _host_kept_it(ranks: Mapping[int, _Row], slow: int, excess: float) -> bool:
-    # Whether the slowest rank's extra wait for a CPU is CPU_WAIT_SHARE of its excess or more
-    # (False when a rank did not measure it).
-    cpu = {rank: row[3] for rank, row in ranks.items()}
-    if any(c is None for c in cpu.values()):
-        return False
-    others = median([float(c) for r, c in cpu.items() if r != slow and c is not None])
-    return float(cpu[slow] or 0.0) - others >= CPU_WAIT_SHARE * excess
 
 
 def slowest_by_epoch(
@@ -91,7 +81,8 @@ def slowest_by_epoch(
         base = median([v for r, v in own.items() if r != slow])
         excess = own[slow] - base
         plain = own[slow] >= ratio * base and excess >= min_ms
-        if plain and not _host_kept_it(ranks, slow, excess):
+        theirs = [row[3] for r, row in ranks.items() if r != slow]
+        if plain and kept_off_cpu(ranks[slow][3], theirs, excess) is None:
             out.append([epoch, slow])
     return out
 
