@@ -37,6 +37,7 @@ __all__ = [
     "find_imbalance",
     "find_straggler",
     "kept_off_cpu",
+    "mark_waiting",
     "median",
     "spread",
     "world_rows",
@@ -302,6 +303,42 @@ def find_straggler(
         wall_fraction=round(min(mean_waited / wall, 1.0), 4) if wall > 0 else 0.0,
         others=len(others),
     )
+
+
+def mark_waiting(rows: Sequence[dict[str, Any]], straggler: Straggler | None) -> None:
+    """Make the ``bound`` (and ``verdict``) of each rank that waited for ``straggler`` say so.
+
+    A rank's own data verdict counts its wait in the gradient all-reduce as its model's time:
+    rank 0 waiting for a slow loader on rank 1 reads "model", which the straggler finding
+    contradicts. A rank that waited at least :data:`CONFIRM_FRACTION` of the straggler's excess a
+    step is bound by ``rank k``, its verdict ``waiting for rank k: ...``; what it said alone is
+    kept as ``rank_bound`` and ``rank_verdict``. Nothing changes without a straggler, or when it
+    moves between epochs (every rank waits in some of them).
+
+    Example:
+        >>> rows = [{"rank": 0, "bound": "model", "wait_ms": 32.0, "cycle_ms": 40.0},
+        ...         {"rank": 1, "bound": "data", "wait_ms": 0.0, "cycle_ms": 40.0}]
+        >>> slow = Straggler(1, 0, None, 41.0, 8.0, 33.0, "data wait", 35.0, 0.8, None,
+        ...                  32.0, 2.1, 0.8, 0.78, 1)
+        >>> mark_waiting(rows, slow)
+        >>> [(r["bound"], r.get("rank_bound")) for r in rows]
+        [('rank 1', 'model'), ('data', None)]
+    """
+    if straggler is None or straggler.moving:
+        return
+    for row in rows:
+        wait = float(row.get("wait_ms") or 0.0)
+        if int(row["rank"]) == straggler.rank or wait < CONFIRM_FRACTION * straggler.excess_ms:
+            continue
+        cycle = float(row.get("cycle_ms") or 0.0)
+        share = f" ({wait / cycle:.0%} of its step)" if cycle > 0 else ""
+        verdict = (
+            f"waiting for rank {straggler.rank}: {wait:.1f} ms a step in the gradient all-reduce"
+        )
+        for key, text in (("bound", f"rank {straggler.rank}"), ("verdict", verdict + share)):
+            if row.get(key) is not None:
+                row[f"rank_{key}"] = row[key]
+            row[key] = text
 
 
 def _cpu_starved(

@@ -9,6 +9,7 @@ from lightning_speedpack.world.engine import (
     ROW_KEYS,
     find_imbalance,
     find_straggler,
+    mark_waiting,
     spread,
     world_rows,
 )
@@ -35,6 +36,7 @@ def world_figures(
     by_epoch = slowest_by_epoch(epochs)
     if len({rank for _, rank in by_epoch}) > 1:  # the slowest rank moves: the data
         straggler = moving_straggler(rows, by_epoch, epoch_waits(epochs), straggler)
+    mark_waiting(rows, straggler)
     imbalance = find_imbalance(rows, epochs=epochs)
     numeric = [k for k in ROW_KEYS if k not in ("rank", "node", "local_rank") and spread(rows, k)]
     return {

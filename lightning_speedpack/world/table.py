@@ -204,7 +204,8 @@ LEGEND = (
     "of the batch, waited = time in backward beyond the rank that spent least there (waiting "
     "for slower ranks in the gradient all-reduce), CPU wait = ready to run with every core "
     "busy (shown past 0.5 ms); hooks, ckpt and the ledger's other parts are seconds of the "
-    "fit; max/min = the spread over the ranks"
+    "fit; bound = what held the rank back: its data, its model, or the rank it waited for; "
+    "max/min = the spread over the ranks"
 )
 
 

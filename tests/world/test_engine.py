@@ -276,6 +276,42 @@ def test_two_ranks_show_both_and_the_spread() -> None:
     assert rows[2][headers.index("waited ms")] == "-"  # the straggler waited for nobody
 
 
+def test_a_rank_that_waited_for_the_straggler_is_bound_by_it_not_by_its_model() -> None:
+    # Rank 0 alone reads model-bound: its wait for rank 1's loader is inside its step.
+    verdicts = {
+        0: {"verdict": "model-bound: the model consumes 191 samples/s", "bound": "model"},
+        1: {"verdict": "data-bound: the loader delivers 231 samples/s", "bound": "data"},
+    }
+    world = world_figures(payloads({0: (0.8, 7.6), 1: (35.2, 6.0)}, figures=verdicts))
+    assert world["straggler"]["rank"] == 1
+    row0, row1 = world["ranks"]
+    assert row0["bound"] == "rank 1"
+    assert row0["verdict"].startswith("waiting for rank 1: 32.8 ms a step in the gradient")
+    assert (row0["rank_bound"], row0["rank_verdict"]) == ("model", verdicts[0]["verdict"])
+    assert (row1["bound"], row1["verdict"]) == ("data", verdicts[1]["verdict"])
+    assert "rank_bound" not in row1
+    headers, rows = display_table(world)
+    assert [r[headers.index("bound")] for r in rows[:2]] == ["rank 1", "data"]
+
+
+@pytest.mark.parametrize(
+    ("epochs", "own"),
+    [
+        (None, {0: (2.5, 3.0), 1: (2.6, 3.1)}),  # alike: no straggler
+        ([{0: (2.0, 3.0), 1: (30.0, 3.0)}, {0: (30.0, 3.0), 1: (2.0, 3.0)}], None),  # it moves
+    ],
+    ids=["alike", "moving"],
+)
+def test_without_one_straggler_each_rank_keeps_its_own_bound(
+    epochs: list[dict[int, tuple[float, float]]] | None,
+    own: dict[int, tuple[float, float]] | None,
+) -> None:
+    verdicts = {r: {"verdict": "model-bound: ...", "bound": "model"} for r in (0, 1)}
+    world = world_figures(payloads(own, epochs=epochs, figures=verdicts))
+    assert [r["bound"] for r in world["ranks"]] == ["model", "model"]
+    assert not any("rank_bound" in r for r in world["ranks"])
+
+
 def test_epochs_dealt_uneven_batch_counts_are_an_imbalance_even_with_equal_totals() -> None:
     # A sampler that is not a DistributedSampler, cut by max_steps=64: 64 batches on each rank
     # in all, but epoch 0 gave rank 0 32 batches and rank 1 40 (found by benchmarks/world_zoo.py).
