@@ -8,7 +8,8 @@ long ``backward`` (rank 0 waits in the gradient all-reduce). Given ``figures["wo
 - the world's findings come first (:func:`~lightning_speedpack.world.findings.world_findings`);
 - the step-phase finding says "waiting for rank k" for the part of ``backward`` that was wait;
 - the data verdict is the slowest rank's (the straggler's when there is one): the world is
-  data-bound when the slowest rank is;
+  data-bound when the slowest rank is; with a straggler, ``data-pipeline`` (where a sample's
+  loading time goes) is the straggler's too;
 - ``cpu-threads`` is judged on every rank: it is reported when any rank has it, naming them;
 - ``comm-bound`` is judged on the rank that waited least, and gives way to a straggler
   (:func:`~lightning_speedpack.world.findings.comm_bound_in_world`);
@@ -92,6 +93,7 @@ backward's gradient all-reduce), other 7%, backward 1%"
     out = list(world_findings(world))
     slow = _waited_for(world)
     judged = judged_rank(world)
+    straggling = judged if world.get("straggler") and judged not in (None, 0) else None
     by_rank = _by_rank(world)
     rows = _rows(world)
     for finding in findings:
@@ -102,6 +104,8 @@ backward's gradient all-reduce), other 7%, backward 1%"
             straggler = world.get("straggler")
             cap = _BELOW[straggler_severity(straggler)] if straggler else None
             out.append(_verdict_of(finding, int(judged), theirs, cap))
+        elif finding.id == "data-pipeline" and straggling is not None:
+            out.append(_pipeline_of(finding, straggling, by_rank.get(straggling, [])))
         elif finding.id in _PER_RANK:
             out.append(_on_ranks(finding, by_rank))
         elif finding.id == "find-unused-parameters" and finding.severity == "warning":
@@ -137,6 +141,19 @@ def _phases_waiting(finding: Finding, slow: int, row0: Mapping[str, Any]) -> Fin
     figures[f"waiting_for_rank_{slow}"] = round(wait, 4)
     message = f"Where a training batch's host time goes on rank 0: {breakdown}"
     return replace(finding, message=message, figures=figures)
+
+
+def _pipeline_of(finding: Finding, rank: int, theirs: Sequence[Mapping[str, Any]]) -> Finding:
+    # Where a sample's loading time goes on the straggler, not on rank 0 that waited for it.
+    pipeline = next((f for f in theirs if f.get("id") == finding.id), None)
+    if pipeline is None:
+        return replace(finding, message=f"on rank 0 (rank {rank} did not say): {finding.message}")
+    return replace(
+        finding,
+        message=f"on rank {rank}, the slowest rank: {pipeline.get('message', '')}",
+        location=pipeline.get("location") or finding.location,
+        figures={**finding.figures, "rank": rank},
+    )
 
 
 def _verdict_of(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.doctor.grouping import presented
 from lightning_speedpack.world.figures import world_figures
@@ -74,6 +76,27 @@ def test_the_worlds_verdict_is_the_slowest_ranks() -> None:
     )
     assert verdict.severity == "warning"  # below the straggler's error: it says why
     assert verdict.fix == "fix data-bound"
+
+
+def _pipeline(fetch_ms: float) -> str:
+    return f"where a training sample's loading time goes:\nfetch (sample)  {fetch_ms:.3f}"
+
+
+@pytest.mark.parametrize(("slow", "shown"), [(37.0, 4.252), (2.6, 0.017)], ids=["slow", "alike"])
+def test_the_pipeline_shown_is_the_stragglers_where_there_is_one(slow: float, shown: float) -> None:
+    # Rank 0 fetches a sample in 0.017 ms and waits for rank 1, which takes 4.252 ms.
+    findings = {
+        0: [_item("data", "data-pipeline", _pipeline(0.017), "info")],
+        1: [_item("data", "data-pipeline", _pipeline(4.252), "info")],
+    }
+    world = world_figures(payloads({0: (2.5, 3.0), 1: (slow, 3.0)}, findings=findings))
+    mine = Finding("data", "data-pipeline", _pipeline(0.017), severity="info")
+    (pipeline,) = (f for f in revise_findings([mine], world) if f.id == "data-pipeline")
+    assert pipeline.message.endswith(f"fetch (sample)  {shown:.3f}")
+    straggling = world["straggler"] is not None
+    assert straggling == (slow > 30)
+    assert pipeline.message.startswith("on rank 1, the slowest rank: ") == straggling
+    assert pipeline.figures.get("rank") == (1 if straggling else None)
 
 
 def test_figures_take_the_slowest_ranks_verdict_and_split_the_ledgers_step() -> None:
