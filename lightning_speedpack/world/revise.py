@@ -6,7 +6,8 @@ long ``backward`` (rank 0 waits in the gradient all-reduce). Given ``figures["wo
 0's findings into the world's:
 
 - the world's findings come first (:func:`~lightning_speedpack.world.findings.world_findings`);
-- the step-phase finding says "waiting for rank k" for the part of ``backward`` that was wait;
+- the step-phase finding says "waiting for rank k" for the part of ``backward`` that was wait,
+  and where the straggler's own batch went;
 - the data verdict is the slowest rank's (the straggler's when there is one): the world is
   data-bound when the slowest rank is; with a straggler, ``data-pipeline`` (where a sample's
   loading time goes) is the straggler's too;
@@ -98,7 +99,8 @@ backward's gradient all-reduce), other 7%, backward 1%"
     rows = _rows(world)
     for finding in findings:
         if finding.id == "step-phases" and slow is not None and 0 in rows:
-            out.append(_phases_waiting(finding, slow, rows[0]))
+            waiting = _phases_waiting(finding, slow, rows[0])
+            out.append(_with_phases_of(waiting, slow, by_rank.get(slow, [])))
         elif finding.id in _VERDICTS and judged not in (None, 0):
             theirs = by_rank.get(int(judged), [])
             straggler = world.get("straggler")
@@ -141,6 +143,19 @@ def _phases_waiting(finding: Finding, slow: int, row0: Mapping[str, Any]) -> Fin
     figures[f"waiting_for_rank_{slow}"] = round(wait, 4)
     message = f"Where a training batch's host time goes on rank 0: {breakdown}"
     return replace(finding, message=message, figures=figures)
+
+
+def _with_phases_of(finding: Finding, rank: int, theirs: Sequence[Mapping[str, Any]]) -> Finding:
+    # Rank 0's phases say it waited; the straggler's say where its own step went.
+    phases = next((f for f in theirs if f.get("id") == finding.id), None)
+    text = str(phases.get("message") or "") if phases is not None else ""
+    _, found, breakdown = text.partition("host time goes: ")
+    if not found:
+        return finding
+    breakdown = breakdown.split(" (timed on")[0]
+    return replace(
+        finding, message=f"{finding.message}; on rank {rank}, the straggler: {breakdown}"
+    )
 
 
 def _pipeline_of(finding: Finding, rank: int, theirs: Sequence[Mapping[str, Any]]) -> Finding:

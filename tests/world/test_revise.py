@@ -64,6 +64,26 @@ def test_the_straggler_comes_first_and_rank_0s_backward_is_waiting_for_rank_1() 
     assert phases.figures["waiting_for_rank_1"] > 0.8
 
 
+def test_rank_0s_phases_add_where_the_stragglers_own_batch_went() -> None:
+    theirs = (
+        "Where a training batch's host time goes: training_step 88%, backward 5%, other 4% "
+        "(timed on 1 step in 8: 22 batches)"
+    )
+    findings = {1: [_item("timeline", "step-phases", theirs, "info")]}
+    world = world_figures(payloads({0: (0.6, 5.0), 1: (0.6, 36.0)}, findings=findings))
+    (phases,) = (f for f in revise_findings([_phases()], world) if f.id == "step-phases")
+    assert phases.message.startswith(
+        "Where a training batch's host time goes on rank 0: waiting for rank 1 "
+    )
+    assert phases.message.endswith(
+        "; on rank 1, the straggler: training_step 88%, backward 5%, other 4%"
+    )
+    # a straggler that published no phases: rank 0's alone
+    world = world_figures(payloads({0: (0.6, 5.0), 1: (0.6, 36.0)}))
+    (alone,) = (f for f in revise_findings([_phases()], world) if f.id == "step-phases")
+    assert "the straggler" not in alone.message
+
+
 def test_the_worlds_verdict_is_the_slowest_ranks() -> None:
     world = _slow_data_world()
     assert judged_rank(world) == 1
