@@ -57,11 +57,13 @@ class _Action:
     nothing, so the tap answers ``profile(name)`` with one stateless object per action name that
     tells the listeners and does nothing else: Lightning's profiled calls cost less under the
     tap than without it, and the listeners hear the same starts and stops in the same order.
-    An action no listener wants is a :class:`_Silent` one (most of them), one that someone
-    hears a :class:`_Heard` one; :meth:`reroute` switches between the two.
+    An action no listener wants is a :class:`_Silent` one (most of them), one that a single
+    listener hears a :class:`_HeardOnce` one (called without a loop), one that several hear a
+    :class:`_Heard` one; :meth:`reroute` switches between them.
     """
 
-    __slots__ = ("back", "name", "route")
+    __slots__ = ("back", "name", "one", "route")
+    one: Callable[[str, bool, float], None]  # the only listener (a ``_HeardOnce``'s)
 
     def __init__(self, name: str, route: tuple[Callable[[str, bool, float], None], ...]) -> None:
         self.name = name
@@ -70,7 +72,9 @@ class _Action:
     def reroute(self, route: tuple[Callable[[str, bool, float], None], ...]) -> None:
         """Who hears this action from now on (in order; a stop is heard in reverse order)."""
         self.route, self.back = route, route[::-1]
-        self.__class__ = _Heard if route else _Silent
+        if len(route) == 1:
+            self.one = route[0]
+        self.__class__ = _Silent if not route else _HeardOnce if len(route) == 1 else _Heard
 
 
 class _Silent(_Action):
@@ -96,6 +100,17 @@ class _Heard(_Action):
         now = perf_counter()
         for on_action in self.back:
             on_action(self.name, False, now)
+
+
+class _HeardOnce(_Action):
+    __slots__ = ()
+
+    def __enter__(self) -> str:
+        self.one(self.name, True, perf_counter())
+        return self.name
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.one(self.name, False, perf_counter())
 
 
 class _Actions(dict[str, _Action]):
