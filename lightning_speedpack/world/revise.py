@@ -167,7 +167,7 @@ def _pipeline_of(finding: Finding, rank: int, theirs: Sequence[Mapping[str, Any]
         finding,
         message=f"on rank {rank}, the slowest rank: {pipeline.get('message', '')}",
         location=pipeline.get("location") or finding.location,
-        figures={**finding.figures, "rank": rank},
+        figures=_theirs(finding, rank),
     )
 
 
@@ -200,8 +200,13 @@ def _verdict_of(
         message=f"on rank {rank}, the slowest rank: {verdict.get('message', '')}{note}",
         location=verdict.get("location") or finding.location,
         fix=verdict.get("fix") if verdict.get("fix") is not None else finding.fix,
-        figures={**finding.figures, "rank": rank},
+        figures=_theirs(finding, rank),
     )
+
+
+def _theirs(finding: Finding, rank: int) -> dict[str, Any]:
+    # The message is now rank k's; rank 0's measured figures stay, under its name, not as k's.
+    return {"rank": rank, "rank_0": dict(finding.figures)} if finding.figures else {"rank": rank}
 
 
 def _ranks_with(by_rank: Mapping[int, Sequence[Mapping[str, Any]]], finding_id: str) -> list[int]:
