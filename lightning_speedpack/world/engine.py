@@ -40,6 +40,7 @@ __all__ = [
     "mark_waiting",
     "median",
     "spread",
+    "typically_waited",
     "world_rows",
 ]
 
@@ -255,7 +256,8 @@ def find_straggler(
     """The rank whose own time a step exceeds the others' and that they wait for, or None.
 
     Named only when its own time is at least ``ratio`` times the others' (median), exceeds it
-    by ``min_ms`` a step or more, and the others waited at least ``confirm`` of that excess.
+    by ``min_ms`` a step or more, and the others waited at least ``confirm`` of that excess: on
+    the mean, and, where every rank has DDP's sampled waits, typically (:func:`typically_waited`).
     """
     if len(rows) < 2:
         return None
@@ -266,6 +268,8 @@ def find_straggler(
     excess = own - base
     waited = median([float(r.get("wait_ms") or 0.0) for r in others])
     if own < ratio * base or excess < min_ms or waited < confirm * excess:
+        return None
+    if not typically_waited(slow, others, confirm * excess):
         return None
     mine = _parts(slow)
     theirs = {p: median([_parts(o)[p] for o in others]) for p in mine}
@@ -303,6 +307,33 @@ def find_straggler(
         wall_fraction=round(min(mean_waited / wall, 1.0), 4) if wall > 0 else 0.0,
         others=len(others),
     )
+
+
+def typically_waited(
+    slow: Mapping[str, Any], others: Sequence[Mapping[str, Any]], least_ms: float
+) -> bool:
+    """Whether the others' median sampled wait exceeds the slow rank's by ``least_ms`` or more.
+
+    The per-batch means weigh a few long stalls of one rank (a host's hiccup on a short run) as
+    much as a slowness of every step; the median of the waits DDP sampled
+    (``comm_wait_median_ms``, :class:`~lightning_speedpack.comm.CommMonitor`) follows the typical
+    step. A real straggler makes the others wait in most steps, its median with them; stalls
+    in a few do not. True when a rank did not measure it: the means then decide alone.
+
+    Example:
+        >>> slow = {"comm_wait_median_ms": 0.8}
+        >>> typically_waited(slow, [{"comm_wait_median_ms": 34.0}], least_ms=16.0)
+        True
+        >>> typically_waited(slow, [{"comm_wait_median_ms": 1.1}], least_ms=16.0)
+        False
+        >>> typically_waited({}, [{"comm_wait_median_ms": 1.1}], least_ms=16.0)
+        True
+    """
+    mine = _number(slow.get("comm_wait_median_ms"))
+    theirs = [_number(o.get("comm_wait_median_ms")) for o in others]
+    if mine is None or any(t is None for t in theirs):
+        return True
+    return median([t for t in theirs if t is not None]) - mine >= least_ms
 
 
 def mark_waiting(rows: Sequence[dict[str, Any]], straggler: Straggler | None) -> None:

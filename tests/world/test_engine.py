@@ -276,6 +276,25 @@ def test_two_ranks_show_both_and_the_spread() -> None:
     assert rows[2][headers.index("waited ms")] == "-"  # the straggler waited for nobody
 
 
+@pytest.mark.parametrize(
+    ("medians", "named"),
+    [
+        ({0: 33.5, 1: 0.8}, True),  # rank 0 waited in most sampled steps: rank 1 is slow in each
+        ({0: 1.1, 1: 0.8}, False),  # the means come from a few long stalls of rank 1
+        (None, True),  # not measured: the means decide
+    ],
+    ids=["typical", "stalls", "unmeasured"],
+)
+def test_the_straggler_needs_the_others_to_wait_in_the_typical_step_where_measured(
+    medians: dict[int, float] | None, named: bool
+) -> None:
+    # The same per-batch means each time: rank 1's own time 40 ms against 5.5 ms.
+    figures = {r: {"comm_wait_median_ms": m} for r, m in (medians or {}).items()}
+    world = world_figures(payloads({0: (2.5, 3.0), 1: (37.0, 3.0)}, figures=figures))
+    assert (world["straggler"] is not None) == named
+    assert ("straggler" in [f.id for f in world_findings(world)]) == named
+
+
 def test_a_rank_that_waited_for_the_straggler_is_bound_by_it_not_by_its_model() -> None:
     # Rank 0 alone reads model-bound: its wait for rank 1's loader is inside its step.
     verdicts = {
