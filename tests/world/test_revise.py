@@ -123,6 +123,14 @@ def test_the_pipeline_shown_is_the_stragglers_where_there_is_one(slow: float, sh
     assert pipeline.figures == (mine_then if straggling else {"fetch_ms": 0.017})
 
 
+def test_a_straggler_that_sent_no_pipeline_leaves_rank_0s_said_to_be_rank_0s() -> None:
+    findings = {0: [_item("data", "data-pipeline", _pipeline(0.017), "info")]}
+    world = world_figures(payloads({0: (2.5, 3.0), 1: (37.0, 3.0)}, findings=findings))
+    mine = Finding("data", "data-pipeline", _pipeline(0.017), severity="info")
+    (pipeline,) = (f for f in revise_findings([mine], world) if f.id == "data-pipeline")
+    assert pipeline.message == f"on rank 0 (rank 1 did not say): {_pipeline(0.017)}"
+
+
 def test_figures_take_the_slowest_ranks_verdict_and_split_the_ledgers_step() -> None:
     sent = payloads({0: (2.5, 3.0), 1: (37.0, 3.0)})
     sent[0]["figures"] = {"verdict": "model-bound: ...", "bound": "model"}
