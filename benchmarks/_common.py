@@ -6,8 +6,10 @@ reporting medians, because the machines are shared and noisy: only ratios are me
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +26,7 @@ __all__ = [
     "fit_seconds",
     "paired_ratio",
     "print_table",
+    "quiet_one_thread",
     "quiet_trainer",
 ]
 
@@ -132,6 +135,14 @@ def paired_ratio(samples: dict[str, list[float]], name: str, base: str) -> float
     the median of these ratios is steadier than the ratio of the two medians.
     """
     return statistics.median(a / b for a, b in zip(samples[name], samples[base], strict=True))
+
+
+def quiet_one_thread() -> None:
+    """Silence warnings and the pack's and Lightning's logs; one torch thread (a rank a core)."""
+    warnings.filterwarnings("ignore")
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_speedpack"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    torch.set_num_threads(1)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

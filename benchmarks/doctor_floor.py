@@ -24,27 +24,23 @@ Run ``.venv/bin/python benchmarks/doctor_floor.py [--quick] [--steps 400] [--rep
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 import world_job
-from _common import alternate_samples, paired_ratio, print_table
+from _common import alternate_samples, paired_ratio, print_table, quiet_one_thread
 
 from lightning_speedpack.core import hook_hub, profiler_tap
 from lightning_speedpack.doctor.runner import DoctorSession
 
-__all__ = ["VARIANTS", "one_rank_trainer", "step_ms"]
+__all__ = ["VARIANTS", "one_rank_setup", "one_rank_trainer", "step_ms"]
 
 VARIANTS = ("plain", "doctor", "no hub", "no taps", "neither")
 
@@ -72,6 +68,13 @@ class _Timed(world_job.MLP):
 
     def on_train_end(self) -> None:
         self.loop_s = time.perf_counter() - self.loop_started
+
+
+def one_rank_setup(port: int) -> None:
+    """A one-rank process group on ``port`` of this host (unless set), quiet, one torch thread."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port))
+    quiet_one_thread()
 
 
 def one_rank_trainer(steps: int, *, doctor: bool) -> Any:
@@ -124,12 +127,7 @@ def main() -> None:
     args = parser.parse_args()
     args.steps = args.steps or (200 if args.quick else 400)
     args.repeats = args.repeats or (5 if args.quick else 7)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29583")
-    warnings.filterwarnings("ignore")
-    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_speedpack"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    torch.set_num_threads(1)
+    one_rank_setup(29583)
     step_ms("doctor", 20)  # imports, first compilation of the paths: not timed
     samples = alternate_samples(
         {v: (lambda v=v: step_ms(v, args.steps)) for v in VARIANTS}, args.repeats

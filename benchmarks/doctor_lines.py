@@ -24,23 +24,19 @@ Run ``.venv/bin/python benchmarks/doctor_lines.py [--steps 256]``.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import subprocess
 import sys
-import warnings
 from collections import Counter
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 import world_job
 from _common import print_table
-from doctor_floor import one_rank_trainer
+from doctor_floor import one_rank_setup, one_rank_trainer
 
 __all__ = ["count", "count_lines", "quick_figures"]
 
@@ -113,12 +109,7 @@ def count(variant: str, steps: int = STEPS) -> tuple[Counter[str], Counter[str]]
 
 
 def _setup() -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29587")
-    warnings.filterwarnings("ignore")
-    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_speedpack"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    torch.set_num_threads(1)
+    one_rank_setup(29587)
 
 
 def measure(steps: int = STEPS) -> tuple[tuple[Counter[str], ...], tuple[Counter[str], ...]]:

@@ -26,21 +26,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
-import os
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 import world_job
 from _common import alternate_samples, print_table
-from doctor_floor import one_rank_trainer
+from doctor_floor import one_rank_setup, one_rank_trainer
 
 from lightning_speedpack.core.sampling import DOCTOR_SAMPLE_EVERY, SAMPLED_FROM_STEP
 
@@ -149,12 +144,7 @@ def main() -> None:
     args.repeats = args.repeats or (5 if args.quick else 6)
     if args.repeats < 5:
         parser.error(f"--repeats must be at least 5 (medians of alternating runs): {args.repeats}")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29589")
-    warnings.filterwarnings("ignore")
-    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_speedpack"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    torch.set_num_threads(1)
+    one_rank_setup(29589)
     rows = _rows(_alternate(args.steps, args.repeats))
     print_table(
         f"One DDP rank (gloo), the zoo's clean MLP, {args.steps} steps a fit, "

@@ -21,20 +21,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import os
 import statistics
 import sys
 import tempfile
-import warnings
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
 import world_job
-from _common import alternate_samples, paired_ratio, print_table
+from _common import alternate_samples, paired_ratio, print_table, quiet_one_thread
 
 from lightning_speedpack.doctor.runner import DoctorSession
 
@@ -108,10 +104,7 @@ def main() -> None:
     # world_job reads its epochs at import in every rank: the child ranks inherit this.
     os.environ["WORLD_JOB_EPOCHS"] = str(args.epochs)
     world_job.EPOCHS = args.epochs
-    warnings.filterwarnings("ignore")
-    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_speedpack"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    torch.set_num_threads(1)  # 2 ranks on 2 cores, as the zoo's job
+    quiet_one_thread()  # 2 ranks on 2 cores, as the zoo's job
     with tempfile.TemporaryDirectory(prefix="speedpack-world-cost-") as tmp:  # each rank its own
         wall, cpu, zero = _alternate(args.rounds, Path(tmp))
     if not zero:
