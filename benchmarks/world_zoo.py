@@ -5,12 +5,13 @@ Each case of ``benchmarks/zoo/world_job.py`` is a 2-rank DDP fit (gloo, CPU, an 
 another node), a slow rank that moves between epochs, uneven ranks, communication it does not
 need, a model whose gradient all-reduce outweighs its compute (``comm-bound``), or a host
 that keeps one rank off the CPU (``busy-host``: expected as an info, with no warning; in
-``busy-host-moving`` its load moves between the ranks' cores each epoch: no warning). Each runs
+``busy-host-moving`` its load moves between the ranks' cores each epoch: no warning), or a rank
+that keeps pace but stalls 150 ms in 4 of its 64 batches (``stalls``). Each runs
 unmodified under ``speedpack doctor --json`` in a fresh process (the two-node
 case as two ``torchrun`` agents on this host, the doctor as each one's entry). A planted case is
 *recalled* when the expected ``component/id`` is among the warnings and errors, *top-1* when it
-is the first of them in the order the report shows; a straggler case is *named* right when the
-straggler finding names the planted rank (and node) and the planted part (for the moving case:
+is the first of them in the order the report shows; a straggler or stalls case is *named* right
+when its finding names the planted rank (and node) and the planted part (for the moving case:
 that the slowest rank changes between epochs). A clean run must get no warning or error at all.
 
 The doctor's cost: the clean job plain, under the doctor and plain again, alternating, for
@@ -74,10 +75,11 @@ CASES: dict[str, Case] = {
     "busy-host": Case("world/straggler", rank=1, part="wait for a CPU", info=True),
     # The neighbours move between the ranks' cores each epoch: no warning (not "the data").
     "busy-host-moving": Case(None),
+    "stalls": Case("world/stalls", rank=1, part="training step"),
     "clean": Case(None),
     "clean-sync-epoch": Case(None),
 }
-QUICK = ("slow-data", "find-unused", "sync-dist-step", "clean")
+QUICK = ("slow-data", "find-unused", "sync-dist-step", "stalls", "clean")
 
 
 def _env(token: str) -> dict[str, str]:
@@ -277,7 +279,7 @@ def judge(row: dict[str, Any]) -> dict[str, Any]:
         return {"recall": None, "top1": None, "named": None, "false": len(ids)}
     found = row.get("infos", []) if case.info else row["warnings"]
     named = None
-    if case.expected == "world/straggler":
+    if case.expected in ("world/straggler", "world/stalls"):
         hit = next((w for w in found if w["id"] == case.expected), None)
         fig = hit["figures"] if hit else {}
         if case.moving:
@@ -307,7 +309,7 @@ def _yes(value: bool | None) -> str:
 
 def _named_what(row: dict[str, Any]) -> str:
     found = [*row.get("warnings", []), *row.get("infos", [])]
-    hit = next((w for w in found if w["id"] == "world/straggler"), None)
+    hit = next((w for w in found if w["id"] in ("world/straggler", "world/stalls")), None)
     if hit is None:
         return "-"
     fig = hit["figures"]

@@ -90,7 +90,12 @@ CASES = (
     "comm-bound",
     "busy-host",
     "busy-host-moving",
+    "stalls",
 )
+#: ``stalls``: rank 1's step sleeps this long in these batches of each epoch (rank-local work
+#: now and then: a plot written, a file flushed), and is as fast as rank 0 in the others.
+STALL_S = 0.15
+STALL_BATCHES = (8, 24)
 #: ``busy-host``: spinning processes sharing rank 1's core (it gets about a seventh of it).
 RIVALS = 6
 #: ``comm-bound``: its embedding table's rows, ids per sample and steps (a fit of about 10 s).
@@ -234,6 +239,8 @@ class MLP(LightningModule):
         loss = nn.functional.cross_entropy(logits, y)
         if self.case == "slow-step" and self.global_rank == 1:
             time.sleep(0.03)  # work done on one rank only
+        if self.case == "stalls" and self.global_rank == 1 and batch_idx in STALL_BATCHES:
+            time.sleep(STALL_S)  # now and then, on one rank only
         if self.case in ("sync-dist-step", "clean-sync-epoch"):
             per_epoch = self.case == "clean-sync-epoch"
             with torch.no_grad():

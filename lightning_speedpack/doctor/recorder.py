@@ -233,7 +233,8 @@ class RunRecorder(Callback):
         """Log the last fit's wall time and peak RSS (summary fields) and, under DDP, the world.
 
         ``speedpack/world``: a row per rank (:func:`~lightning_speedpack.world.table.logged_table`),
-        with ``speedpack/world/straggler_rank`` (-1: none) and ``speedpack/world/ranks_missing``.
+        with ``speedpack/world/straggler_rank``, ``speedpack/world/stalls_rank`` (-1: none) and
+        ``speedpack/world/ranks_missing``.
         """
         if not self.runs:
             return
@@ -248,5 +249,7 @@ class RunRecorder(Callback):
             log_table(trainer, WORLD_TABLE, columns, rows)
             straggler = world.get("straggler") or {}
             fields["speedpack/world/straggler_rank"] = int(straggler.get("rank", -1))
+            stalls = world.get("stalls") or {}
+            fields["speedpack/world/stalls_rank"] = int(stalls.get("rank", -1))
             fields["speedpack/world/ranks_missing"] = len(world.get("missing") or [])
         log_summary(trainer, fields)

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lightning_speedpack.world.buckets import typical_s
+
 __all__ = [
     "CONFIRM_FRACTION",
     "CPU_WAIT",
@@ -38,6 +40,7 @@ __all__ = [
     "find_straggler",
     "kept_off_cpu",
     "mark_waiting",
+    "mark_waiting_for",
     "median",
     "spread",
     "typically_waited",
@@ -74,6 +77,7 @@ ROW_KEYS = (
     "data_wait_ms",
     "step_wall_ms",
     "backward_ms",
+    "backward_typical_ms",
     "wait_ms",
     "own_ms",
     "data_wait_fraction",
@@ -142,6 +146,7 @@ def world_rows(payloads: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]
             data_wait_ms=round(data, 3),
             step_wall_ms=round(max(cycle - data, 0.0), 3),
             backward_ms=round(_number(clock.get("backward_ms")) or 0.0, 3),
+            backward_typical_ms=_typical_ms((clock.get("tally") or {}).get("backward")),
             data_wait_fraction=round(data / cycle, 4) if cycle > 0 else None,
             callbacks_s=_number(figures.get("wall_time/parts/callbacks")),
             checkpoint_s=_number(figures.get("wall_time/parts/checkpoint")),
@@ -151,6 +156,11 @@ def world_rows(payloads: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]
         rows.append(row)
     _estimate_waits(rows)
     return rows
+
+
+def _typical_ms(buckets: Any) -> float | None:
+    # The rank's typical backward (its median batch's bucket), where its clock kept buckets.
+    return round(1000.0 * typical_s(buckets), 3) if buckets else None
 
 
 def _cpu_wait_ms(payload: Mapping[str, Any], batches: int) -> float | None:
@@ -318,7 +328,9 @@ def typically_waited(
     much as a slowness of every step; the median of the waits DDP sampled
     (``comm_wait_median_ms``, :class:`~lightning_speedpack.comm.CommMonitor`) follows the typical
     step. A real straggler makes the others wait in most steps, its median with them; stalls
-    in a few do not. True when a rank did not measure it: the means then decide alone.
+    in a few do not. Where a rank lacks it (no DDP statistics), each rank's typical
+    ``backward`` (``backward_typical_ms``: its clock's median bucket, where DDP's wait sits)
+    decides the same way; True when a rank has neither: the means then decide alone.
 
     Example:
         >>> slow = {"comm_wait_median_ms": 0.8}
@@ -329,11 +341,12 @@ def typically_waited(
         >>> typically_waited({}, [{"comm_wait_median_ms": 1.1}], least_ms=16.0)
         True
     """
-    mine = _number(slow.get("comm_wait_median_ms"))
-    theirs = [_number(o.get("comm_wait_median_ms")) for o in others]
-    if mine is None or any(t is None for t in theirs):
-        return True
-    return median([t for t in theirs if t is not None]) - mine >= least_ms
+    for key in ("comm_wait_median_ms", "backward_typical_ms"):
+        mine = _number(slow.get(key))
+        theirs = [_number(o.get(key)) for o in others]
+        if mine is not None and all(t is not None for t in theirs):
+            return median([t for t in theirs if t is not None]) - mine >= least_ms
+    return True
 
 
 def mark_waiting(rows: Sequence[dict[str, Any]], straggler: Straggler | None) -> None:
@@ -357,16 +370,30 @@ def mark_waiting(rows: Sequence[dict[str, Any]], straggler: Straggler | None) ->
     """
     if straggler is None or straggler.moving:
         return
+    mark_waiting_for(rows, straggler.rank, CONFIRM_FRACTION * straggler.excess_ms)
+
+
+def mark_waiting_for(
+    rows: Sequence[dict[str, Any]], rank: int, least_ms: float, why: str = ""
+) -> None:
+    """:func:`mark_waiting` for the ranks that waited ``least_ms`` a step or more for ``rank``.
+
+    ``why`` follows the rank's name in the verdict (``" (its stalls)"``).
+
+    Example:
+        >>> rows = [{"rank": 0, "bound": "model", "wait_ms": 9.0, "cycle_ms": 15.0}]
+        >>> mark_waiting_for(rows, 1, 4.7, " (its stalls)")
+        >>> rows[0]["bound"], rows[0]["verdict"][:44]
+        ('rank 1', 'waiting for rank 1 (its stalls): 9.0 ms a st')
+    """
     for row in rows:
         wait = float(row.get("wait_ms") or 0.0)
-        if int(row["rank"]) == straggler.rank or wait < CONFIRM_FRACTION * straggler.excess_ms:
+        if int(row["rank"]) == rank or wait < least_ms or wait <= 0:
             continue
         cycle = float(row.get("cycle_ms") or 0.0)
         share = f" ({wait / cycle:.0%} of its step)" if cycle > 0 else ""
-        verdict = (
-            f"waiting for rank {straggler.rank}: {wait:.1f} ms a step in the gradient all-reduce"
-        )
-        for key, text in (("bound", f"rank {straggler.rank}"), ("verdict", verdict + share)):
+        verdict = f"waiting for rank {rank}{why}: {wait:.1f} ms a step in the gradient all-reduce"
+        for key, text in (("bound", f"rank {rank}"), ("verdict", verdict + share)):
             if row.get(key) is not None:
                 row[f"rank_{key}"] = row[key]
             row[key] = text

@@ -6,14 +6,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_speedpack.world.engine import (
+    CONFIRM_FRACTION,
     ROW_KEYS,
     find_imbalance,
     find_straggler,
     mark_waiting,
+    mark_waiting_for,
     spread,
     world_rows,
 )
 from lightning_speedpack.world.epochs import epoch_waits, moving_straggler, slowest_by_epoch
+from lightning_speedpack.world.stalls import find_stalls, rank_stalls
 
 __all__ = ["world_figures"]
 
@@ -26,9 +29,9 @@ def world_figures(
     """``RunSummary.figures["world"]``: the rows, the spread, the straggler, the imbalance.
 
     Keys: ``ranks`` (a row per rank, :func:`world_rows`), ``missing`` (a line per rank that did
-    not answer), ``world_size``, ``spread`` (max/min per numeric column), ``straggler`` and
-    ``imbalance`` (None when there is none), ``slowest_by_epoch``, ``findings_by_rank`` (each
-    rank's findings in short, for the per-rank verdicts).
+    not answer), ``world_size``, ``spread`` (max/min per numeric column), ``straggler``,
+    ``imbalance`` and ``stalls`` (None when there is none), ``slowest_by_epoch``,
+    ``findings_by_rank`` (each rank's findings in short, for the per-rank verdicts).
     """
     rows = world_rows(payloads)
     epochs = {r: list((p.get("clock") or {}).get("epochs") or []) for r, p in payloads.items()}
@@ -37,6 +40,13 @@ def world_figures(
     if len({rank for _, rank in by_epoch}) > 1:  # the slowest rank moves: the data
         straggler = moving_straggler(rows, by_epoch, epoch_waits(epochs), straggler)
     mark_waiting(rows, straggler)
+    tallies = {r: (p.get("clock") or {}).get("tally") or {} for r, p in payloads.items()}
+    stalls = find_stalls(tallies, rows, straggler)
+    for row in rows:  # each rank's own stalls, named or not
+        row.update(rank_stalls(tallies.get(int(row["rank"])) or {}))
+    if stalls is not None and straggler is None and stalls.batches:
+        least = CONFIRM_FRACTION * 1000.0 * stalls.excess_s / stalls.batches
+        mark_waiting_for(rows, stalls.rank, least, " (its stalls)")
     imbalance = find_imbalance(rows, epochs=epochs)
     numeric = [k for k in ROW_KEYS if k not in ("rank", "node", "local_rank") and spread(rows, k)]
     return {
@@ -46,6 +56,7 @@ def world_figures(
         "spread": {k: spread(rows, k) for k in numeric},
         "straggler": straggler.to_dict() if straggler is not None else None,
         "imbalance": imbalance.to_dict() if imbalance is not None else None,
+        "stalls": stalls.to_dict() if stalls is not None else None,
         "slowest_by_epoch": by_epoch,
         "findings_by_rank": [
             [rank, list(payloads[rank].get("findings") or [])] for rank in sorted(payloads)

@@ -1,4 +1,4 @@
-"""The world's figures as findings: the straggler, uneven ranks, ranks that did not answer.
+"""The world's figures as findings: the straggler, a rank's stalls, uneven ranks, missing ranks.
 
 Plain functions over ``figures["world"]`` (:func:`~lightning_speedpack.world.engine.world_figures`).
 Each finding names the rank and the cause, its share of the wall time (``wall_fraction``, what
@@ -12,12 +12,14 @@ from typing import Any
 
 from lightning_speedpack.core.findings import Finding, Severity
 from lightning_speedpack.world.engine import CPU_WAIT
+from lightning_speedpack.world.stalls import STALL_FACTOR
 
 __all__ = [
     "COMPONENT",
     "comm_bound_in_world",
     "imbalance_finding",
     "missing_finding",
+    "stalls_finding",
     "straggler_finding",
     "straggler_severity",
     "world_findings",
@@ -51,6 +53,24 @@ _MOVING_FIX = (
     "size) so every rank's batch costs alike, cache the costly decode (CachedDataset), or add "
     "DataLoader workers so slow batches are ready in time"
 )
+_STALL_FIXES = {
+    "data wait": (
+        "find what rank {rank}'s loader waits on in those batches (a network filesystem, a cold "
+        "cache, one slow file or shard on node {node}); DataLoader workers with batches in hand "
+        "(`num_workers`, `prefetch_factor`) or the decoded samples cached (CachedDataset) ride "
+        "over a slow read"
+    ),
+    "training step": (
+        "find what rank {rank} does in those batches that the others do not: work under `if "
+        "self.global_rank == ...` or in a callback that runs on one rank (a plot, a file written, "
+        "a metric computed every N batches), or Python's garbage collector (`gc.freeze()` after "
+        "setup); do it at the epoch's end, on every rank, or off the training thread"
+    ),
+    CPU_WAIT: (
+        "free cores for rank {rank} on node {node}: other processes on that host took its CPU in "
+        "those batches (its code is not slower than the others')"
+    ),
+}
 _IMBALANCE_FIX = (
     "give every rank the same batch size and number of batches: a `DistributedSampler` "
     "(Lightning adds one unless `use_distributed_sampler=False` or the loader has its own "
@@ -170,6 +190,71 @@ def straggler_severity(straggler: Mapping[str, Any]) -> Severity:
     return "error" if float(straggler.get("waited_step_fraction") or 0.0) > 0.5 else "warning"
 
 
+def stalls_finding(stalls: Mapping[str, Any]) -> Finding:
+    """The ``world/stalls`` warning (see :class:`~lightning_speedpack.world.stalls.Stalls`).
+
+    An error when the others waited more than half their training loop; an info when the
+    stalling rank's wait for a CPU explains them (its host, as for a straggler).
+
+    Example:
+        >>> f = stalls_finding({"rank": 1, "node": 0, "host": "gpu7", "stalls": 4,
+        ...     "batches": 61, "typical_ms": 5.2, "longest": [[151.0, 0, 8, 0.3],
+        ...     [150.4, 1, 24, 0.2]], "excess_s": 0.58, "part": "training step",
+        ...     "waited_s": 0.57, "loop_fraction": 0.55, "others": 1})
+        >>> print(f.message)
+        rank 1 (node 0, gpu7) stalls now and then in its training step: 4 of its 61 batches took \
+over 4x its typical time outside backward (5.2 ms): 151.0 ms (epoch 0, batch 8), 150.4 ms (epoch \
+1, batch 24); the other rank waited 0.57 s for them in the gradient all-reduce, 55% of its \
+training loop
+        >>> f.severity
+        'error'
+    """
+    rank = int(stalls["rank"])
+    node, host = stalls.get("node"), stalls.get("host")
+    others = int(stalls.get("others") or 1)
+    who = "the other rank" if others == 1 else f"the other {others} ranks"
+    its = "its" if others == 1 else "their"
+    each = "" if others == 1 else " each (mean)"
+    label = _where(rank, node, host).replace(f"rank {rank}, ", f"rank {rank} (", 1)
+    label = f"{label})" if "(" in label else label
+    longest = list(stalls.get("longest") or [])[:4]
+    listed = ", ".join(f"{ms:.1f} ms (epoch {int(e)}, batch {int(b)})" for ms, e, b, _ in longest)
+    part = str(stalls["part"])
+    where = (
+        ", ready to run with every core busy (the host, not the job's code)"
+        if part == CPU_WAIT
+        else f" in its {part}"
+    )
+    fraction = float(stalls["loop_fraction"])
+    message = (
+        f"{label} stalls now and then{where}: {stalls['stalls']} of its {stalls['batches']} "
+        f"batches took over {STALL_FACTOR:.0f}x its typical time outside backward "
+        f"({stalls['typical_ms']:.1f} ms){f': {listed}' if listed else ''}; "
+        f"{who} waited {stalls['waited_s']:.2f} s"
+        f"{each} for them in the gradient all-reduce, {fraction:.0%} of {its} training loop"
+    )
+    severity: Severity = "info" if part == CPU_WAIT else ("error" if fraction > 0.5 else "warning")
+    return Finding(
+        COMPONENT,
+        "stalls",
+        message,
+        location=_where(rank, node, host),
+        figures={
+            "wall_fraction": fraction,
+            "rank": rank,
+            "node": node,
+            "host": host,
+            "part": part,
+            "stalls": stalls["stalls"],
+            "excess_s": stalls["excess_s"],
+            "waited_s": stalls["waited_s"],
+            "longest": [list(x) for x in longest],
+        },
+        severity=severity,
+        fix=_STALL_FIXES[part].format(rank=rank, node=node if node is not None else "?"),
+    )
+
+
 def _size(sizes: Sequence[Any]) -> str:
     low, high = (sizes[0], sizes[1]) if len(sizes) >= 2 else (None, None)
     if low is None:
@@ -256,11 +341,14 @@ def missing_finding(missing: Sequence[str], world_size: int) -> Finding:
 
 
 def world_findings(world: Mapping[str, Any]) -> list[Finding]:
-    """The straggler, the imbalance and the missing ranks of ``figures["world"]``, in that order."""
+    """The straggler, the stalls, the imbalance and the missing ranks, in that order."""
     out = []
     straggler = world.get("straggler")
     if straggler:
         out.append(straggler_finding(straggler))
+    stalls = world.get("stalls")
+    if stalls:
+        out.append(stalls_finding(stalls))
     imbalance = world.get("imbalance")
     if imbalance:
         out.append(imbalance_finding(imbalance, straggler))

@@ -26,6 +26,7 @@ from lightning_speedpack.core.collectives import (
 )
 from lightning_speedpack.core.cpu_wait import thread_cpu_wait_s
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.world.stalls import BatchTally
 
 __all__ = [
     "GATHER_TIMEOUT_S",
@@ -177,7 +178,9 @@ class StepClock:
     the training thread's wait for a CPU (``cpu_wait``, read at the epoch's start and end:
     :func:`~lightning_speedpack.core.cpu_wait.thread_cpu_wait_s`; validation run inside the
     epoch counts too), which tells a rank kept off the CPU in that epoch from one whose data or
-    code was slower.
+    code was slower. Each batch's own time (gap + span - backward) and backward go to a
+    :class:`~lightning_speedpack.world.stalls.BatchTally`, from which rank 0 tells a rank that
+    stalls now and then.
 
     Example:
         >>> clock = StepClock()
@@ -205,6 +208,9 @@ class StepClock:
     _paused_at: float | None = None
     _paused_s: float = 0.0
     _epoch_cpu_wait: float | None = None
+    tally: BatchTally = field(default_factory=BatchTally)
+    _gap: float = 0.0  # this batch's gap (0 for an epoch's first)
+    _backward_s: float = 0.0  # this batch's backward so far
 
     def _current(self) -> _Epoch:
         if not self.epochs:
@@ -238,9 +244,12 @@ class StepClock:
     def batch_start(self, now: float) -> None:
         """A training batch starts (after its fetch and copy)."""
         epoch = self._current()
+        gap = 0.0
         if self._last_end is not None:
-            epoch.gap_s += max(now - self._last_end - self._paused_s, 0.0)
+            gap = max(now - self._last_end - self._paused_s, 0.0)
+            epoch.gap_s += gap
             epoch.gaps += 1
+        self._gap, self._backward_s = gap, 0.0
         self._paused_s = 0.0
         self._start = now
 
@@ -251,15 +260,20 @@ class StepClock:
     def backward_end(self, now: float) -> None:
         """``on_after_backward``."""
         if self._backward is not None:
-            self._current().backward_s += now - self._backward
+            spent = now - self._backward
+            self._current().backward_s += spent
+            self._backward_s += spent
             self._backward = None
 
     def batch_end(self, now: float, size: int) -> None:
         """A training batch ended; ``size`` is its batch size as the recorder counted it."""
         epoch = self._current()
         if self._start is not None:
-            epoch.span_s += now - self._start
+            span = now - self._start
+            epoch.span_s += span
             epoch.batches += 1
+            own = max(span + self._gap - self._backward_s, 0.0)
+            self.tally.add(own, self._backward_s, self._gap, epoch.epoch, epoch.batches - 1)
         self._start = None
         self._last_end = now
         self._paused_s = 0.0
@@ -272,7 +286,8 @@ class StepClock:
 
         ``batches``, ``cycle_ms``, ``gap_ms``, ``span_ms``, ``backward_ms`` (per batch), the
         batch sizes seen and ``epochs`` (a row per epoch: epoch, batches, span s, gap s, gaps,
-        backward s, CPU wait s or None).
+        backward s, CPU wait s or None) and ``tally`` (:meth:`BatchTally.figures
+        <lightning_speedpack.world.stalls.BatchTally.figures>`).
         """
         batches = sum(e.batches for e in self.epochs)
         gaps = sum(e.gaps for e in self.epochs)
@@ -290,6 +305,7 @@ class StepClock:
             "batch_size_min": self.batch_size_min,
             "batch_size_max": self.batch_size_max,
             "epochs": [e.row() for e in self.epochs if e.batches],
+            "tally": self.tally.figures(),
         }
 
 

@@ -6,8 +6,8 @@ long ``backward`` (rank 0 waits in the gradient all-reduce). Given ``figures["wo
 0's findings into the world's:
 
 - the world's findings come first (:func:`~lightning_speedpack.world.findings.world_findings`);
-- the step-phase finding says "waiting for rank k" for the part of ``backward`` that was wait,
-  and where the straggler's own batch went;
+- the step-phase finding says "waiting for rank k" for the part of ``backward`` that was wait
+  (for a straggler, or for a rank's stalls), and where the straggler's own batch went;
 - the data verdict is the slowest rank's (the straggler's when there is one): the world is
   data-bound when the slowest rank is; with a straggler, ``data-pipeline`` (where a sample's
   loading time goes) is the straggler's too;
@@ -63,11 +63,14 @@ def judged_rank(world: Mapping[str, Any]) -> int | None:
 
 
 def _waited_for(world: Mapping[str, Any]) -> int | None:
-    # Rank 0 waited for another rank: a straggler that is not rank 0 (and does not move).
+    # Rank 0 waited for another rank: a straggler that is not rank 0 (and does not move), else
+    # a rank whose stalls it waited for.
     straggler = world.get("straggler")
-    if not straggler or straggler.get("moving") or int(straggler["rank"]) == 0:
-        return None
-    return int(straggler["rank"])
+    if straggler:
+        moving = straggler.get("moving") or int(straggler["rank"]) == 0
+        return None if moving else int(straggler["rank"])
+    stalls = world.get("stalls")
+    return int(stalls["rank"]) if stalls and int(stalls["rank"]) != 0 else None
 
 
 def revise_findings(findings: Sequence[Finding], world: Mapping[str, Any] | None) -> list[Finding]:
@@ -100,7 +103,9 @@ backward's gradient all-reduce), other 7%, backward 1%"
     for finding in findings:
         if finding.id == "step-phases" and slow is not None and 0 in rows:
             waiting = _phases_waiting(finding, slow, rows[0])
-            out.append(_with_phases_of(waiting, slow, by_rank.get(slow, [])))
+            if world.get("straggler"):  # a rank slow in every step: where its step went
+                waiting = _with_phases_of(waiting, slow, by_rank.get(slow, []))
+            out.append(waiting)
         elif finding.id in _VERDICTS and judged not in (None, 0):
             theirs = by_rank.get(int(judged), [])
             straggler = world.get("straggler")

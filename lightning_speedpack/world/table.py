@@ -94,6 +94,8 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[_Column]:
         columns.append(("checkpoint_s", "ckpt s", _s))
     if _any(rows, "cpu_wait_ms", 0.5):  # ready to run, no core free: a busy host
         columns.append(("cpu_wait_ms", "CPU wait ms", _ms))
+    if _any(rows, "stall_s", 0.05):  # a few batches far above the rank's typical one
+        columns.append(("stall_s", "stalls s", _s))
     for part in _ledger_parts(rows):
         columns.append((f"{_LEDGER}{part}", f"{part} s", _s))
     if any(r.get("bound") for r in rows):
@@ -203,8 +205,9 @@ LEGEND = (
     "ms are per training batch: data = waiting for the batch (fetch and copy), step = the rest "
     "of the batch, waited = time in backward beyond the rank that spent least there (waiting "
     "for slower ranks in the gradient all-reduce), CPU wait = ready to run with every core "
-    "busy (shown past 0.5 ms); hooks, ckpt and the ledger's other parts are seconds of the "
-    "fit; bound = what held the rank back: its data, its model, or the rank it waited for; "
+    "busy (shown past 0.5 ms); stalls = the rank's batches far above its typical one, their "
+    "seconds beyond it; hooks, ckpt and the ledger's other parts are seconds of the fit; "
+    "bound = what held the rank back: its data, its model, or the rank it waited for; "
     "max/min = the spread over the ranks"
 )
 

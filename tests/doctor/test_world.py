@@ -119,6 +119,7 @@ def test_a_rank_with_slow_data_is_the_first_warning_and_rank_0_waits_for_it(
     verdict = next(f for f in shown if f.id in ("data-bound", "model-bound"))
     assert verdict.message.startswith("on rank 1, the slowest rank: ")
     assert not any(f.id == "rank-imbalance" for f in shown)  # same batches on both ranks
+    assert world["stalls"] is None  # slow in every batch: the straggler, not stalls
     assert "World: 2 ranks" in stderr  # the text report's table
     assert "waiting for rank 1" in stderr  # the ledger says what rank 0's step was
     logged = (tmp_path / "logs" / "version_0" / "speedpack_world.csv").read_text().splitlines()
@@ -138,7 +139,9 @@ def test_a_clean_two_rank_run_has_no_straggler(tmp_path: Path) -> None:
     assert len(world["ranks"]) == 2
     assert world["straggler"] is None
     assert world["imbalance"] is None
-    assert not {f["id"] for f in report["findings"]} & {"straggler", "rank-imbalance"}
+    assert world["stalls"] is None
+    assert all(r["stall_batches"] == 0 for r in world["ranks"])  # not one batch far out
+    assert not {f["id"] for f in report["findings"]} & {"straggler", "rank-imbalance", "stalls"}
     assert report["runs"][0]["samples"] == 384 * 2  # each rank's half, twice, summed
 
 
