@@ -3,7 +3,9 @@
 Each rank sends its own figures to rank 0 once per fit (:mod:`~lightning_speedpack.world.payload`,
 one bounded point-to-point exchange). :mod:`~lightning_speedpack.world.engine` lays them out a
 row per rank and finds the straggler and uneven ranks, :mod:`~lightning_speedpack.world.epochs`
-epoch by epoch, and :mod:`~lightning_speedpack.world.figures` puts them together;
+epoch by epoch, :mod:`~lightning_speedpack.world.stalls` a rank that stalls in a few batches
+(from the power-of-two buckets of :mod:`~lightning_speedpack.world.buckets`), and
+:mod:`~lightning_speedpack.world.figures` puts them together;
 :mod:`~lightning_speedpack.world.findings` says it as findings;
 :mod:`~lightning_speedpack.world.revise` reads rank 0's report with the world in view;
 :mod:`~lightning_speedpack.world.table` is the table the report prints. The doctor's recorder
@@ -22,14 +24,18 @@ from lightning_speedpack.world.figures import world_figures
 from lightning_speedpack.world.findings import world_findings
 from lightning_speedpack.world.payload import StepClock, gather_world
 from lightning_speedpack.world.revise import revise_figures, revise_findings
+from lightning_speedpack.world.stalls import BatchTally, Stalls, find_stalls
 from lightning_speedpack.world.table import display_table, logged_table
 
 __all__ = [
+    "BatchTally",
     "Imbalance",
+    "Stalls",
     "StepClock",
     "Straggler",
     "display_table",
     "find_imbalance",
+    "find_stalls",
     "find_straggler",
     "gather_world",
     "logged_table",
