@@ -6,7 +6,9 @@ another node), a slow rank that moves between epochs, uneven ranks, communicatio
 need, a model whose gradient all-reduce outweighs its compute (``comm-bound``), or a host
 that keeps one rank off the CPU (``busy-host``: expected as an info, with no warning; in
 ``busy-host-moving`` its load moves between the ranks' cores each epoch: no warning), or a rank
-that keeps pace but stalls 150 ms in 4 of its 64 batches (``stalls``). Each runs
+that keeps pace but stalls 150 ms in 4 of its 64 batches (``stalls``; ``stalls-callback``: in a
+callback of the user's on rank 0), or whose callback is slow in every batch on rank 0
+(``slow-callback``: the others wait for it before their fetch). Each runs
 unmodified under ``speedpack doctor --json`` in a fresh process (the two-node
 case as two ``torchrun`` agents on this host, the doctor as each one's entry). A planted case is
 *recalled* when the expected ``component/id`` is among the warnings and errors, *top-1* when it
@@ -76,6 +78,8 @@ CASES: dict[str, Case] = {
     # The neighbours move between the ranks' cores each epoch: no warning (not "the data").
     "busy-host-moving": Case(None),
     "stalls": Case("world/stalls", rank=1, part="training step"),
+    "stalls-callback": Case("world/stalls", rank=0, part="callbacks"),
+    "slow-callback": Case("world/straggler", rank=0, part="callbacks"),
     "clean": Case(None),
     "clean-sync-epoch": Case(None),
 }

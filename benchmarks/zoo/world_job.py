@@ -36,6 +36,12 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
   threads) is pinned to a core of its own, and 6 processes that spin (not the job's: they stand
   for a neighbour on the host) share rank 1's. Its code is no slower; it gets a seventh of its
   core.
+- ``stalls``: rank 1's ``training_step`` sleeps 150 ms in batches 8 and 24 of each epoch (work
+  it does now and then that rank 0 does not) and keeps pace in the others.
+- ``stalls-callback``: a callback of the user's that plots on rank 0 only
+  (``@rank_zero_only``), every 16 batches from batch 8: 150 ms in its ``on_train_batch_end``.
+- ``slow-callback``: that callback on rank 0 in every batch, 30 ms: after the all-reduce, so
+  rank 1 waits for it in Lightning's broadcast at the start of its next batch.
 
 ``--wall-out PATH`` (rank 0 only) writes the wall seconds of ``trainer.fit`` (``perf_counter``
 around the call; with Lightning's launcher it includes starting rank 1) and of the training loop
@@ -63,7 +69,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pytorch_lightning import LightningModule, Trainer
+from pytorch_lightning import Callback, LightningModule, Trainer
+from pytorch_lightning.utilities import rank_zero_only
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -91,11 +98,15 @@ CASES = (
     "busy-host",
     "busy-host-moving",
     "stalls",
+    "stalls-callback",
+    "slow-callback",
 )
 #: ``stalls``: rank 1's step sleeps this long in these batches of each epoch (rank-local work
 #: now and then: a plot written, a file flushed), and is as fast as rank 0 in the others.
 STALL_S = 0.15
 STALL_BATCHES = (8, 24)
+#: ``slow-callback``: rank 0's callback sleeps this long at every batch's end.
+SLOW_HOOK_S = 0.03
 #: ``busy-host``: spinning processes sharing rank 1's core (it gets about a seventh of it).
 RIVALS = 6
 #: ``comm-bound``: its embedding table's rows, ids per sample and steps (a fit of about 10 s).
@@ -152,6 +163,18 @@ class Synthetic(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             if slow:
                 time.sleep(self.sleep)
         return self.x[index], self.y[index]
+
+
+class RankZeroPlots(Callback):
+    """A plot drawn and saved on rank 0 alone: ``seconds`` in ``batches`` (None: every batch)."""
+
+    def __init__(self, seconds: float, batches: tuple[int, ...] | None = None) -> None:
+        self.seconds, self.batches = seconds, batches
+
+    @rank_zero_only
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        if self.batches is None or args[-1] in self.batches:  # batch_idx
+            time.sleep(self.seconds)
 
 
 class UnevenSampler(Sampler[int]):
@@ -328,6 +351,10 @@ def trainer_kwargs(
         kwargs.update(devices=1, num_nodes=2)
     elif case == "comm-bound":
         kwargs.update(max_steps=WIDE_STEPS)
+    elif case == "stalls-callback":
+        kwargs["callbacks"] = [RankZeroPlots(STALL_S, STALL_BATCHES)]
+    elif case == "slow-callback":
+        kwargs["callbacks"] = [RankZeroPlots(SLOW_HOOK_S)]
     if nodes is not None:
         kwargs.update(devices=1, num_nodes=nodes)
     if device == "cuda":

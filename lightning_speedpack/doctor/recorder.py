@@ -19,6 +19,7 @@ from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.logged_batch_size import unwatch, watch
+from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import Diagnosable
 from lightning_speedpack.core.tables import log_fit_end, log_summary, log_table
 from lightning_speedpack.doctor.report import RunSummary
@@ -40,6 +41,29 @@ __all__ = ["WORLD_TABLE", "RunRecorder"]
 
 #: The logged table of every rank's figures (columns: the engine's, then published figures).
 WORLD_TABLE = "speedpack/world"
+
+
+class _FetchStarts:
+    """Tells a rank's clock when each training fetch begins (a profiler-tap listener).
+
+    Under DDP the gap before it holds Lightning's per-batch broadcast from rank 0, where the
+    other ranks wait for a rank 0 still busy after the last all-reduce.
+    """
+
+    __slots__ = ("clock",)
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    @staticmethod
+    def wants(name: str) -> bool:
+        """Only the training fetch."""
+        return name.endswith(TRAIN_FETCH)
+
+    def on_action(self, name: str, started: bool, now: float) -> None:
+        """A training fetch starts (``started``) or stops."""
+        if started:
+            self.clock.fetch_start(now)
 
 
 class RunRecorder(Callback):
@@ -75,9 +99,11 @@ class RunRecorder(Callback):
         self._watched: Any = None
         self._clock = StepClock()
         self._cpu_wait: float | None = None  # the fit thread's run-queue delay at fit start
+        self._tapped: Any = None  # the Trainer whose fetches it hears (DDP), until the fit ends
+        self._fetches: _FetchStarts | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_watched": None}
+        return {**self.__dict__, "_watched": None, "_tapped": None, "_fetches": None}
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -85,6 +111,10 @@ class RunRecorder(Callback):
         self._clock = StepClock()
         self._unwatch()
         self._watched = pl_module
+        if trainer.world_size > 1:  # the wait before a fetch: Lightning's broadcast
+            self._fetches = _FetchStarts(self._clock)
+            tap(trainer, self._fetches)
+            self._tapped = trainer
         self._sizer = BatchSizer(logged=watch(pl_module))
         self._cpu_wait = thread_cpu_wait_s()
         self._start = time.perf_counter()
@@ -228,6 +258,10 @@ class RunRecorder(Callback):
         module, self._watched = self._watched, None
         if module is not None:
             unwatch(module)
+        trainer, fetches = self._tapped, self._fetches
+        self._tapped = self._fetches = None
+        if trainer is not None and fetches is not None:
+            untap(trainer, fetches)
 
     def log_tables(self, trainer: pl.Trainer) -> None:
         """Log the last fit's wall time and peak RSS (summary fields) and, under DDP, the world.

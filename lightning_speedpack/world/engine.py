@@ -32,6 +32,8 @@ __all__ = [
     "CPU_WAIT",
     "CPU_WAIT_SHARE",
     "IMBALANCE_RATIO",
+    "IN_ALL_REDUCE",
+    "IN_BROADCAST",
     "STRAGGLER_MIN_MS",
     "STRAGGLER_RATIO",
     "Imbalance",
@@ -43,7 +45,9 @@ __all__ = [
     "mark_waiting_for",
     "median",
     "spread",
+    "top_callback",
     "typically_waited",
+    "waited_where",
     "world_rows",
 ]
 
@@ -59,6 +63,9 @@ CPU_WAIT = "wait for a CPU"
 CPU_WAIT_SHARE = 0.5
 #: Ranks whose samples differ by more than this fraction are given uneven work.
 IMBALANCE_RATIO = 0.02
+#: Where the waiting ranks waited, as the findings say it.
+IN_ALL_REDUCE = "in the gradient all-reduce"
+IN_BROADCAST = "before each batch (Lightning's broadcast from rank 0)"
 
 #: The keys each row carries from the engine (the rest are the rank's published figures).
 ROW_KEYS = (
@@ -77,7 +84,8 @@ ROW_KEYS = (
     "data_wait_ms",
     "step_wall_ms",
     "backward_ms",
-    "backward_typical_ms",
+    "start_wait_ms",
+    "wait_typical_ms",
     "wait_ms",
     "own_ms",
     "data_wait_fraction",
@@ -146,7 +154,8 @@ def world_rows(payloads: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]
             data_wait_ms=round(data, 3),
             step_wall_ms=round(max(cycle - data, 0.0), 3),
             backward_ms=round(_number(clock.get("backward_ms")) or 0.0, 3),
-            backward_typical_ms=_typical_ms((clock.get("tally") or {}).get("backward")),
+            start_wait_ms=round(_number(clock.get("start_ms")) or 0.0, 3),
+            wait_typical_ms=_typical_ms((clock.get("tally") or {}).get("waits")),
             data_wait_fraction=round(data / cycle, 4) if cycle > 0 else None,
             callbacks_s=_number(figures.get("wall_time/parts/callbacks")),
             checkpoint_s=_number(figures.get("wall_time/parts/checkpoint")),
@@ -159,7 +168,7 @@ def world_rows(payloads: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]
 
 
 def _typical_ms(buckets: Any) -> float | None:
-    # The rank's typical backward (its median batch's bucket), where its clock kept buckets.
+    # The rank's typical wait (its median batch's bucket), where its clock kept buckets.
     return round(1000.0 * typical_s(buckets), 3) if buckets else None
 
 
@@ -171,21 +180,26 @@ def _cpu_wait_ms(payload: Mapping[str, Any], batches: int) -> float | None:
 
 def _data_ms(figures: Mapping[str, Any], clock: Mapping[str, Any]) -> float:
     # StepTimeline's fetch and copy when it ran on this rank (the fetch alone), else the gap
-    # between batches on the recorder's own clock (the fetch and the hooks between batches).
+    # between batches on the recorder's own clock (the fetch and the hooks between batches),
+    # less its part before the fetch (Lightning's broadcast: a wait, not data).
     fetch = _number(figures.get("phase_ms/data_wait"))
     if fetch is not None:
         return fetch + (_number(figures.get("phase_ms/batch_transfer")) or 0.0)
-    return _number(clock.get("gap_ms")) or 0.0
+    gap = _number(clock.get("gap_ms")) or 0.0
+    return max(gap - (_number(clock.get("start_ms")) or 0.0), 0.0)
 
 
 def _estimate_waits(rows: list[dict[str, Any]]) -> None:
     # The comm diagnostic's time waiting for the all-reduce, when every rank measured it;
-    # else the time in backward (where DDP waits for the all-reduce) above the least.
-    waits = _above_min([float(r["backward_ms"]) for r in rows])
+    # else the time in backward (where DDP waits for the all-reduce) above the least. Either
+    # with the wait before the fetch (Lightning's broadcast from rank 0 at each batch's start,
+    # where the others wait for a rank 0 still busy after the last all-reduce).
+    starts = [float(r.get("start_wait_ms") or 0.0) for r in rows]
+    waits = _above_min([float(r["backward_ms"]) + s for r, s in zip(rows, starts, strict=True)])
     for key in ("comm_wait_ms", "comm_ms_per_step"):
         comm = [_number(r.get(key)) for r in rows]
         if rows and all(c is not None for c in comm):
-            waits = _above_min([float(c) for c in comm if c is not None])
+            waits = _above_min([float(c or 0.0) + s for c, s in zip(comm, starts, strict=True)])
             break
     for row, wait in zip(rows, waits, strict=True):
         cycle = float(row["cycle_ms"])
@@ -220,10 +234,28 @@ class Straggler:
     wall_fraction: float  # of their wall time
     others: int
     moving: list[list[int]] | None = None  # [[epoch, slowest rank], ...] when it moves
+    waited_in: str = IN_ALL_REDUCE  # where the others waited (waited_where)
 
     def to_dict(self) -> dict[str, Any]:
         """The straggler as plain values (for the JSON report)."""
         return asdict(self)
+
+
+def waited_where(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Where ``rows``' ranks waited: :data:`IN_BROADCAST` when most of it was before the fetch.
+
+    A rank 0 busy after the all-reduce (its optimizer step, its batch-end hooks) holds the
+    others at the broadcast that starts Lightning's next batch, not in their backward.
+
+    Example:
+        >>> waited_where([{"wait_ms": 30.0, "start_wait_ms": 29.5}]) == IN_BROADCAST
+        True
+        >>> waited_where([{"wait_ms": 30.0, "start_wait_ms": 0.1}])
+        'in the gradient all-reduce'
+    """
+    waits = [float(r.get("wait_ms") or 0.0) for r in rows]
+    starts = [float(r.get("start_wait_ms") or 0.0) for r in rows]
+    return IN_BROADCAST if sum(waits) > 0 and 2 * sum(starts) >= sum(waits) else IN_ALL_REDUCE
 
 
 def median(values: Sequence[float]) -> float:
@@ -244,7 +276,16 @@ def _parts(row: Mapping[str, Any]) -> dict[str, float]:
     return {"data wait": data, "training step": max(compute, 0.0), "callbacks": callbacks}
 
 
-def _top_callback(row: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> str | None:
+def top_callback(row: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> str | None:
+    """The callback whose hooks took ``row``'s rank longest beyond the others' (median), if any.
+
+    From the wall-time ledger's ``wall_time/callbacks/<name>`` seconds each rank published.
+
+    Example:
+        >>> top_callback({"wall_time/callbacks/Plots": 2.0, "wall_time/callbacks/Log": 0.1},
+        ...              [{"wall_time/callbacks/Plots": 0.0, "wall_time/callbacks/Log": 0.1}])
+        'Plots'
+    """
     prefix = "wall_time/callbacks/"
     names = {k[len(prefix) :] for k in row if k.startswith(prefix)}
     best, best_excess = None, 0.0
@@ -310,27 +351,34 @@ def find_straggler(
         part=part,
         part_ms=round(mine[part], 3),
         part_others_ms=round(theirs[part], 3),
-        callback=_top_callback(slow, others) if part == "callbacks" else None,
+        callback=top_callback(slow, others) if part == "callbacks" else None,
         waited_ms=round(waited, 3),
         waited_s=round(mean_waited, 3),
         waited_step_fraction=round(min(step_fraction, 1.0), 4),
         wall_fraction=round(min(mean_waited / wall, 1.0), 4) if wall > 0 else 0.0,
         others=len(others),
+        waited_in=waited_where(others),
     )
 
 
 def typically_waited(
     slow: Mapping[str, Any], others: Sequence[Mapping[str, Any]], least_ms: float
 ) -> bool:
-    """Whether the others' median sampled wait exceeds the slow rank's by ``least_ms`` or more.
+    """Whether the others' typical wait exceeds the slow rank's by ``least_ms`` or more.
 
     The per-batch means weigh a few long stalls of one rank (a host's hiccup on a short run) as
-    much as a slowness of every step; the median of the waits DDP sampled
-    (``comm_wait_median_ms``, :class:`~lightning_speedpack.comm.CommMonitor`) follows the typical
-    step. A real straggler makes the others wait in most steps, its median with them; stalls
-    in a few do not. Where a rank lacks it (no DDP statistics), each rank's typical
-    ``backward`` (``backward_typical_ms``: its clock's median bucket, where DDP's wait sits)
-    decides the same way; True when a rank has neither: the means then decide alone.
+    much as a slowness of every step; a typical wait follows the typical step. Two are read,
+    each where every rank has it, and either may show the wait:
+
+    - ``comm_wait_median_ms``, the median of the waits DDP sampled after the last gradient
+      (:class:`~lightning_speedpack.comm.CommMonitor`): exact, but the all-reduce's alone;
+    - ``wait_typical_ms``, each rank's clock's median bucket of its backward and of the wait
+      before its fetch (where Lightning's per-batch broadcast holds the others for a rank 0
+      still busy after the all-reduce); a rank kept off the CPU is slow in those too, which
+      DDP's figure leaves out.
+
+    A real straggler makes the others wait in most steps, a median with them; stalls in a few
+    do not. True when no rank has either: the means then decide alone.
 
     Example:
         >>> slow = {"comm_wait_median_ms": 0.8}
@@ -338,15 +386,21 @@ def typically_waited(
         True
         >>> typically_waited(slow, [{"comm_wait_median_ms": 1.1}], least_ms=16.0)
         False
+        >>> typically_waited({**slow, "wait_typical_ms": 3.0},  # waited before the fetch
+        ...                  [{"comm_wait_median_ms": 1.1, "wait_typical_ms": 33.0}], 16.0)
+        True
         >>> typically_waited({}, [{"comm_wait_median_ms": 1.1}], least_ms=16.0)
         True
     """
-    for key in ("comm_wait_median_ms", "backward_typical_ms"):
+    measured = False
+    for key in ("comm_wait_median_ms", "wait_typical_ms"):
         mine = _number(slow.get(key))
         theirs = [_number(o.get(key)) for o in others]
         if mine is not None and all(t is not None for t in theirs):
-            return median([t for t in theirs if t is not None]) - mine >= least_ms
-    return True
+            measured = True
+            if median([t for t in theirs if t is not None]) - mine >= least_ms:
+                return True
+    return not measured
 
 
 def mark_waiting(rows: Sequence[dict[str, Any]], straggler: Straggler | None) -> None:
@@ -392,7 +446,8 @@ def mark_waiting_for(
             continue
         cycle = float(row.get("cycle_ms") or 0.0)
         share = f" ({wait / cycle:.0%} of its step)" if cycle > 0 else ""
-        verdict = f"waiting for rank {rank}{why}: {wait:.1f} ms a step in the gradient all-reduce"
+        where = waited_where([row])
+        verdict = f"waiting for rank {rank}{why}: {wait:.1f} ms a step {where}"
         for key, text in (("bound", f"rank {rank}"), ("verdict", verdict + share)):
             if row.get(key) is not None:
                 row[f"rank_{key}"] = row[key]

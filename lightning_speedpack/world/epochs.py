@@ -15,9 +15,11 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from lightning_speedpack.world.engine import (
+    CPU_WAIT,
     STRAGGLER_MIN_MS,
     STRAGGLER_RATIO,
     Straggler,
@@ -25,7 +27,7 @@ from lightning_speedpack.world.engine import (
     median,
 )
 
-__all__ = ["epoch_waits", "moving_straggler", "slowest_by_epoch"]
+__all__ = ["epoch_waits", "host_by_epoch", "host_moved", "moving_straggler", "slowest_by_epoch"]
 
 
 _Row = tuple[float, float, int, float | None]  # cycle ms, backward ms, batches, CPU wait ms
@@ -71,6 +73,32 @@ def slowest_by_epoch(
         >>> slowest_by_epoch(slow_1)
         [[0, 1]]
     """
+    return [[e, r] for e, r, starved in _plain_slowest(epochs, ratio, min_ms) if not starved]
+
+
+def host_by_epoch(
+    epochs: Mapping[int, Sequence[Sequence[float | None]]],
+    *,
+    ratio: float = STRAGGLER_RATIO,
+    min_ms: float = STRAGGLER_MIN_MS,
+) -> list[list[int]]:
+    """``[[epoch, rank], ...]``: each epoch whose plain slowest rank was kept off the CPU.
+
+    The epochs :func:`slowest_by_epoch` leaves out as the host's doing.
+
+    Example:
+        >>> starved_1 = {0: [[0, 10, 0.4, 0.02, 9, 0.35, 0.0]],
+        ...              1: [[0, 10, 0.05, 0.36, 9, 0.01, 0.3]]}
+        >>> host_by_epoch(starved_1), slowest_by_epoch(starved_1)
+        ([[0, 1]], [])
+    """
+    return [[e, r] for e, r, starved in _plain_slowest(epochs, ratio, min_ms) if starved]
+
+
+def _plain_slowest(
+    epochs: Mapping[int, Sequence[Sequence[float | None]]], ratio: float, min_ms: float
+) -> list[tuple[int, int, bool]]:
+    # (epoch, its plainly slowest rank, whether that rank's wait for a CPU explains it)
     out = []
     for epoch, ranks in sorted(_epoch_table(epochs).items()):
         if len(ranks) < 2:
@@ -80,11 +108,29 @@ def slowest_by_epoch(
         slow = max(own, key=lambda r: own[r])
         base = median([v for r, v in own.items() if r != slow])
         excess = own[slow] - base
-        plain = own[slow] >= ratio * base and excess >= min_ms
-        theirs = [row[3] for r, row in ranks.items() if r != slow]
-        if plain and kept_off_cpu(ranks[slow][3], theirs, excess) is None:
-            out.append([epoch, slow])
+        if own[slow] >= ratio * base and excess >= min_ms:
+            theirs = [row[3] for r, row in ranks.items() if r != slow]
+            out.append((epoch, slow, kept_off_cpu(ranks[slow][3], theirs, excess) is not None))
     return out
+
+
+def host_moved(
+    straggler: Straggler, rows: Sequence[Mapping[str, Any]], by_host: list[list[int]]
+) -> Straggler:
+    """``straggler`` as its host's when the host kept different ranks off the CPU by epoch.
+
+    Its run's excess is then the host's load moving between the ranks' cores, not its code:
+    the part becomes :data:`~lightning_speedpack.world.engine.CPU_WAIT` (an info), with each
+    rank's wait for a CPU a batch. Unchanged when the epochs name one rank, or none.
+    """
+    if len({rank for _, rank in by_host}) < 2 or straggler.moving or straggler.part == CPU_WAIT:
+        return straggler
+    row = next((r for r in rows if int(r["rank"]) == straggler.rank), None)
+    others = [float(r.get("cpu_wait_ms") or 0.0) for r in rows if r is not row]
+    mine = float((row or {}).get("cpu_wait_ms") or 0.0)
+    return replace(
+        straggler, part=CPU_WAIT, part_ms=round(mine, 3), part_others_ms=round(median(others), 3)
+    )
 
 
 def epoch_waits(epochs: Mapping[int, Sequence[Sequence[float | None]]]) -> dict[int, float]:

@@ -15,7 +15,13 @@ from lightning_speedpack.world.engine import (
     spread,
     world_rows,
 )
-from lightning_speedpack.world.epochs import epoch_waits, moving_straggler, slowest_by_epoch
+from lightning_speedpack.world.epochs import (
+    epoch_waits,
+    host_by_epoch,
+    host_moved,
+    moving_straggler,
+    slowest_by_epoch,
+)
 from lightning_speedpack.world.stalls import find_stalls, rank_stalls
 
 __all__ = ["world_figures"]
@@ -39,6 +45,8 @@ def world_figures(
     by_epoch = slowest_by_epoch(epochs)
     if len({rank for _, rank in by_epoch}) > 1:  # the slowest rank moves: the data
         straggler = moving_straggler(rows, by_epoch, epoch_waits(epochs), straggler)
+    elif straggler is not None:  # the host kept one rank, then another, off the CPU
+        straggler = host_moved(straggler, rows, host_by_epoch(epochs))
     mark_waiting(rows, straggler)
     tallies = {r: (p.get("clock") or {}).get("tally") or {} for r, p in payloads.items()}
     stalls = find_stalls(tallies, rows, straggler)

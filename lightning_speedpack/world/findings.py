@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_speedpack.core.findings import Finding, Severity
-from lightning_speedpack.world.engine import CPU_WAIT
+from lightning_speedpack.world.engine import CPU_WAIT, IN_ALL_REDUCE
 from lightning_speedpack.world.stalls import STALL_FACTOR
 
 __all__ = [
@@ -66,6 +66,12 @@ _STALL_FIXES = {
         "a metric computed every N batches), or Python's garbage collector (`gc.freeze()` after "
         "setup); do it at the epoch's end, on every rank, or off the training thread"
     ),
+    "callbacks": (
+        "make the hooks of {callback} cheap on rank {rank} in those batches: do its work every N "
+        "steps at the epoch's end, off the training thread, or on every rank alike (a "
+        "`rank_zero_only` plot or sample written in the loop holds every other rank in the "
+        "next all-reduce)"
+    ),
     CPU_WAIT: (
         "free cores for rank {rank} on node {node}: other processes on that host took its CPU in "
         "those batches (its code is not slower than the others')"
@@ -108,7 +114,8 @@ rank waited 10.1 s for it in the gradient all-reduce, 92% of its steps (80% of t
     its = "its" if others == 1 else "their"
     each = "" if others == 1 else " each (mean)"
     waited = (
-        f"{who} waited {straggler['waited_s']:.1f} s{each} for it in the gradient all-reduce, "
+        f"{who} waited {straggler['waited_s']:.1f} s{each} for it "
+        f"{straggler.get('waited_in') or IN_ALL_REDUCE}, "
         f"{straggler['waited_step_fraction']:.0%} of {its} steps "
         f"({straggler['wall_fraction']:.0%} of the wall time)"
     )
@@ -203,9 +210,9 @@ def stalls_finding(stalls: Mapping[str, Any]) -> Finding:
         ...     "waited_s": 0.57, "loop_fraction": 0.55, "others": 1})
         >>> print(f.message)
         rank 1 (node 0, gpu7) stalls now and then in its training step: 4 of its 61 batches took \
-over 4x its typical time outside backward (5.2 ms): 151.0 ms (epoch 0, batch 8), 150.4 ms (epoch \
-1, batch 24); the other rank waited 0.57 s for them in the gradient all-reduce, 55% of its \
-training loop
+over 4x its typical own time (5.2 ms, its waits for other ranks left out): 151.0 ms (epoch 0, \
+batch 8), 150.4 ms (epoch 1, batch 24); the other rank waited 0.57 s for them in the gradient \
+all-reduce, 55% of its training loop
         >>> f.severity
         'error'
     """
@@ -220,18 +227,19 @@ training loop
     longest = list(stalls.get("longest") or [])[:4]
     listed = ", ".join(f"{ms:.1f} ms (epoch {int(e)}, batch {int(b)})" for ms, e, b, _ in longest)
     part = str(stalls["part"])
-    where = (
-        ", ready to run with every core busy (the host, not the job's code)"
-        if part == CPU_WAIT
-        else f" in its {part}"
-    )
+    where = f" in its {part}"
+    if part == CPU_WAIT:
+        where = ", ready to run with every core busy (the host, not the job's code)"
+    elif part == "callbacks" and stalls.get("callback"):
+        where = f" in the hooks of {stalls['callback']}"
     fraction = float(stalls["loop_fraction"])
     message = (
         f"{label} stalls now and then{where}: {stalls['stalls']} of its {stalls['batches']} "
-        f"batches took over {STALL_FACTOR:.0f}x its typical time outside backward "
-        f"({stalls['typical_ms']:.1f} ms){f': {listed}' if listed else ''}; "
-        f"{who} waited {stalls['waited_s']:.2f} s"
-        f"{each} for them in the gradient all-reduce, {fraction:.0%} of {its} training loop"
+        f"batches took over {STALL_FACTOR:.0f}x its typical own time "
+        f"({stalls['typical_ms']:.1f} ms, its waits for other ranks left out)"
+        f"{f': {listed}' if listed else ''}; "
+        f"{who} waited {stalls['waited_s']:.2f} s{each} for them "
+        f"{stalls.get('waited_in') or IN_ALL_REDUCE}, {fraction:.0%} of {its} training loop"
     )
     severity: Severity = "info" if part == CPU_WAIT else ("error" if fraction > 0.5 else "warning")
     return Finding(
@@ -245,13 +253,18 @@ training loop
             "node": node,
             "host": host,
             "part": part,
+            "callback": stalls.get("callback"),
             "stalls": stalls["stalls"],
             "excess_s": stalls["excess_s"],
             "waited_s": stalls["waited_s"],
             "longest": [list(x) for x in longest],
         },
         severity=severity,
-        fix=_STALL_FIXES[part].format(rank=rank, node=node if node is not None else "?"),
+        fix=_STALL_FIXES[part].format(
+            rank=rank,
+            node=node if node is not None else "?",
+            callback=stalls.get("callback") or "its callbacks",
+        ),
     )
 
 

@@ -178,9 +178,13 @@ class StepClock:
     the training thread's wait for a CPU (``cpu_wait``, read at the epoch's start and end:
     :func:`~lightning_speedpack.core.cpu_wait.thread_cpu_wait_s`; validation run inside the
     epoch counts too), which tells a rank kept off the CPU in that epoch from one whose data or
-    code was slower. Each batch's own time (gap + span - backward) and backward go to a
-    :class:`~lightning_speedpack.world.stalls.BatchTally`, from which rank 0 tells a rank that
-    stalls now and then.
+    code was slower. Under DDP a gap also holds Lightning's per-batch broadcast from rank 0
+    (``_broadcast_sigterm_tensor``, before the fetch), where a rank waits for a rank 0 still
+    busy after the previous all-reduce (its optimizer step, its batch-end hooks): told the
+    fetch's start (:meth:`fetch_start`), the clock keeps that *start* part of the gap apart, a
+    wait like backward's. Each batch's own time (gap + span - backward - start) and its waits
+    (backward + start) go to a :class:`~lightning_speedpack.world.stalls.BatchTally`, from
+    which rank 0 tells a rank that stalls now and then.
 
     Example:
         >>> clock = StepClock()
@@ -209,8 +213,12 @@ class StepClock:
     _paused_s: float = 0.0
     _epoch_cpu_wait: float | None = None
     tally: BatchTally = field(default_factory=BatchTally)
+    #: Seconds of the gaps before the fetch began (the broadcast's wait), over the run.
+    start_s: float = 0.0
     _gap: float = 0.0  # this batch's gap (0 for an epoch's first)
+    _start_wait: float = 0.0  # the part of it before the fetch began
     _backward_s: float = 0.0  # this batch's backward so far
+    _fetch_at: float | None = None  # when this batch's fetch began, if told
 
     def _current(self) -> _Epoch:
         if not self.epochs:
@@ -241,16 +249,25 @@ class StepClock:
             self._paused_s += now - self._paused_at
             self._paused_at = None
 
+    def fetch_start(self, now: float) -> None:
+        """The training fetch begins (Lightning's ``train_dataloader_next`` action)."""
+        self._fetch_at = now
+
     def batch_start(self, now: float) -> None:
         """A training batch starts (after its fetch and copy)."""
         epoch = self._current()
-        gap = 0.0
-        if self._last_end is not None:
-            gap = max(now - self._last_end - self._paused_s, 0.0)
+        gap = start = 0.0
+        last, fetched = self._last_end, self._fetch_at
+        if last is not None:
+            gap = max(now - last - self._paused_s, 0.0)
             epoch.gap_s += gap
             epoch.gaps += 1
-        self._gap, self._backward_s = gap, 0.0
+            if fetched is not None and fetched > last:  # validation ran before the fetch
+                start = min(max(fetched - last - self._paused_s, 0.0), gap)
+                self.start_s += start
+        self._gap, self._start_wait, self._backward_s = gap, start, 0.0
         self._paused_s = 0.0
+        self._fetch_at = None
         self._start = now
 
     def backward_start(self, now: float) -> None:
@@ -272,8 +289,10 @@ class StepClock:
             span = now - self._start
             epoch.span_s += span
             epoch.batches += 1
-            own = max(span + self._gap - self._backward_s, 0.0)
-            self.tally.add(own, self._backward_s, self._gap, epoch.epoch, epoch.batches - 1)
+            waited = self._backward_s + self._start_wait
+            own = max(span + self._gap - waited, 0.0)
+            gap = self._gap - self._start_wait
+            self.tally.add(own, waited, gap, epoch.epoch, epoch.batches - 1)
         self._start = None
         self._last_end = now
         self._paused_s = 0.0
@@ -284,7 +303,8 @@ class StepClock:
     def figures(self) -> dict[str, Any]:
         """The clock's figures: means per batch, batch sizes, and a row per epoch.
 
-        ``batches``, ``cycle_ms``, ``gap_ms``, ``span_ms``, ``backward_ms`` (per batch), the
+        ``batches``, ``cycle_ms``, ``gap_ms``, ``span_ms``, ``backward_ms`` (per batch),
+        ``start_ms`` (per gap: the part before the fetch; 0 unless told the fetches), the
         batch sizes seen and ``epochs`` (a row per epoch: epoch, batches, span s, gap s, gaps,
         backward s, CPU wait s or None) and ``tally`` (:meth:`BatchTally.figures
         <lightning_speedpack.world.stalls.BatchTally.figures>`).
@@ -302,6 +322,7 @@ class StepClock:
             "gap_ms": gap_ms,
             "span_ms": span_ms,
             "backward_ms": 1000.0 * backward / batches if batches else 0.0,
+            "start_ms": 1000.0 * self.start_s / gaps if gaps else 0.0,
             "batch_size_min": self.batch_size_min,
             "batch_size_max": self.batch_size_max,
             "epochs": [e.row() for e in self.epochs if e.batches],

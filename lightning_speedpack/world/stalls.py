@@ -4,18 +4,19 @@ A straggler is slow in most of its steps (:func:`~lightning_speedpack.world.engi
 A rank can instead keep pace in most batches and stall in a few: a plot or a file written every
 N batches on one rank, a cold read, Python's garbage collector. Its mean own time grows while
 the others' typical wait does not (no straggler is named), and rank 0's own report counts its
-wait as its ``backward``. So each rank tallies, on its own clock, its batches' *own* time (the
-gap before the batch plus its span, less its ``backward``, where DDP waits for the slowest
-rank) and its ``backward``, in power-of-two buckets (:class:`BatchTally`, a few lines a
-batch), with its few longest batches; at the end of fit rank 0 reads every rank's tally
-(:func:`find_stalls`):
+wait as its ``backward``. So each rank tallies, on its own clock, each batch's *waits* (its
+``backward``, where DDP waits for the slowest rank in the gradient all-reduce, and the part of
+the gap before its fetch, where Lightning's per-batch broadcast waits for a late rank 0) and
+its *own* time (the gap and the span less those waits), in power-of-two buckets
+(:class:`BatchTally`, a few lines a batch), with its few longest batches; at the end of fit
+rank 0 reads every rank's tally (:func:`find_stalls`):
 
 - a rank's *typical* batch is the mean of the bucket that holds its median;
 - a *stall* is a batch whose own time is at least :data:`STALL_FACTOR` times the typical and
   :data:`STALL_MIN_MS` above it (counted where its whole bucket is: a stall just above the line
   may be left out, never a typical batch counted in);
-- the others *waited* for it: their ``backward`` beyond their typical one, in the batches whose
-  ``backward`` exceeded it by as much (their buckets wholly above, again);
+- the others *waited* for it: their waits beyond their typical ones, in the batches whose
+  waits exceeded it by as much (their buckets wholly above, again);
 - named when the rank's stall time is at least :data:`STALL_DOMINANCE` times any other rank's
   (ranks that all hiccup alike are the host's noise, not one rank's work), the others waited at
   least :data:`~lightning_speedpack.world.engine.CONFIRM_FRACTION` of it, and that wait is
@@ -35,7 +36,16 @@ from math import frexp
 from typing import Any
 
 from lightning_speedpack.world.buckets import beyond, bucket_rows, typical_s
-from lightning_speedpack.world.engine import CONFIRM_FRACTION, CPU_WAIT, Straggler, kept_off_cpu
+from lightning_speedpack.world.engine import (
+    CONFIRM_FRACTION,
+    CPU_WAIT,
+    IN_ALL_REDUCE,
+    Straggler,
+    kept_off_cpu,
+    median,
+    top_callback,
+    waited_where,
+)
 
 __all__ = [
     "LONGEST_KEPT",
@@ -69,7 +79,7 @@ LONGEST_KEPT = 8
 
 @dataclass
 class BatchTally:
-    """One rank's batches in power-of-two buckets of own time and of ``backward``, and its longest.
+    """One rank's batches in power-of-two buckets of own time and of waits, and its longest.
 
     Fed once a batch by :class:`~lightning_speedpack.world.payload.StepClock`, in seconds
     (:mod:`~lightning_speedpack.world.buckets`).
@@ -90,22 +100,22 @@ class BatchTally:
     seen: int = 0
     own_n: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
     own_s: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))
-    backward_n: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
-    backward_s: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))
+    wait_n: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    wait_s: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))
     longest: list[tuple[float, int, int, float]] = field(default_factory=list)  # a min-heap
     _floor: float = -1.0  # the shortest of the longest kept, once `keep` are kept
 
-    def add(self, own: float, backward: float, gap: float, epoch: int, batch: int) -> None:
-        """One batch: its own seconds, its ``backward``'s, its gap's; where it was."""
+    def add(self, own: float, waited: float, gap: float, epoch: int, batch: int) -> None:
+        """One batch: its own seconds, its waits' (backward, the broadcast), its data wait's."""
         self.seen += 1
         if self.seen <= self.warmup:
             return
         e = frexp(own)[1]
         self.own_n[e] += 1
         self.own_s[e] += own
-        e = frexp(backward)[1]
-        self.backward_n[e] += 1
-        self.backward_s[e] += backward
+        e = frexp(waited)[1]
+        self.wait_n[e] += 1
+        self.wait_s[e] += waited
         if own > self._floor:
             self._keep((own, epoch, batch, gap))
 
@@ -119,13 +129,14 @@ class BatchTally:
             self._floor = self.longest[0][0]
 
     def figures(self) -> dict[str, Any]:
-        """``own`` and ``backward`` (``[exponent, batches, seconds]`` per bucket) and ``longest``.
+        """``own`` and ``waits`` (``[exponent, batches, seconds]`` per bucket) and ``longest``.
 
-        ``longest``: ``[own ms, epoch, batch index, gap ms]``, longest first.
+        ``longest``: ``[own ms, epoch, batch index, data wait ms]``, longest first (the data
+        wait: the gap before the batch, less the broadcast's wait).
         """
         return {
             "own": bucket_rows(self.own_n, self.own_s),
-            "backward": bucket_rows(self.backward_n, self.backward_s),
+            "waits": bucket_rows(self.wait_n, self.wait_s),
             "longest": [
                 [round(1000.0 * own, 3), epoch, batch, round(1000.0 * gap, 3)]
                 for own, epoch, batch, gap in sorted(self.longest, reverse=True)
@@ -145,10 +156,12 @@ class Stalls:
     typical_ms: float  # its typical batch's own time
     longest: list[list[float]]  # [own ms, epoch, batch, gap ms] of its longest stalls
     excess_s: float  # its stalls' time beyond its typical batch
-    part: str  # "data wait", "training step" or CPU_WAIT
+    part: str  # "data wait", "training step", "callbacks" or CPU_WAIT
     waited_s: float  # the others' wait for them (mean per rank)
     loop_fraction: float  # of their training loop
     others: int
+    callback: str | None = None  # the callback whose hooks are the part, when it is "callbacks"
+    waited_in: str = IN_ALL_REDUCE  # where the others waited (waited_where)
 
     def to_dict(self) -> dict[str, Any]:
         """The stalls as plain values (for the JSON report)."""
@@ -186,7 +199,7 @@ def _excess(tally: Mapping[str, Any]) -> tuple[float, float, int, float]:
 
 
 def _waited(tally: Mapping[str, Any], least: float) -> float:
-    hist = tally.get("backward") or []
+    hist = tally.get("waits") or []
     return beyond(hist, typical_s(hist), least)[1]
 
 
@@ -202,8 +215,8 @@ def find_stalls(
     cost), or when the stalling rank is the straggler (its finding says it).
 
     Example:
-        >>> calm = {"own": [[-7, 60, 0.3]], "backward": [[-8, 56, 0.17], [-2, 4, 0.59]]}
-        >>> stalling = {"own": [[-7, 60, 0.3], [-2, 4, 0.6]], "backward": [[-8, 64, 0.19]],
+        >>> calm = {"own": [[-7, 60, 0.3]], "waits": [[-8, 56, 0.17], [-2, 4, 0.59]]}
+        >>> stalling = {"own": [[-7, 60, 0.3], [-2, 4, 0.6]], "waits": [[-8, 64, 0.19]],
         ...             "longest": [[150.0, 0, 8, 0.4], [150.0, 0, 24, 0.4], [5.0, 0, 3, 0.4]]}
         >>> rows = [{"rank": 0, "batches": 64, "cycle_ms": 14.0},
         ...         {"rank": 1, "batches": 64, "cycle_ms": 14.0}]
@@ -233,6 +246,8 @@ def find_stalls(
         return None
     row = by_rank[rank]
     longest = [x for x in tallies[rank].get("longest") or [] if x[0] >= 1000.0 * (typical + least)]
+    them = [by_rank[r] for r in others]
+    part = _part(longest, row, them, excess)
     return Stalls(
         rank=rank,
         node=row.get("node"),
@@ -242,10 +257,12 @@ def find_stalls(
         typical_ms=round(1000.0 * typical, 3),
         longest=[list(x) for x in longest],
         excess_s=round(excess, 3),
-        part=_part(longest, row, [by_rank[r] for r in others], excess),
+        part=part,
         waited_s=round(waited, 3),
         loop_fraction=round(min(waited / loop, 1.0), 4),
         others=len(others),
+        callback=top_callback(row, them) if part == "callbacks" else None,
+        waited_in=waited_where(them),
     )
 
 
@@ -259,14 +276,20 @@ def _part(
     others: Sequence[Mapping[str, Any]],
     excess_s: float,
 ) -> str:
-    # Where the stalls' time went: the host (its CPU wait explains them), else its data wait
-    # (the gap before those batches) or its training step, from the longest it kept.
+    # Where the stalls' time went: the host (its CPU wait explains them), its callbacks' hooks
+    # (the ledger's seconds beyond the others' explain them), else its data wait (the gap
+    # before those batches) or its training step, from the longest it kept.
     batches = int(row.get("batches") or 0)
     mine = row.get("cpu_wait_ms")
     theirs = [o.get("cpu_wait_ms") for o in others]
     per_batch = 1000.0 * excess_s / batches if batches else 0.0
     if per_batch > 0 and kept_off_cpu(mine, theirs, per_batch) is not None:
         return CPU_WAIT
+    hooks = row.get("callbacks_s")
+    if isinstance(hooks, (int, float)) and excess_s > 0:
+        base = median([float(o.get("callbacks_s") or 0.0) for o in others])
+        if float(hooks) - base >= CONFIRM_FRACTION * excess_s:
+            return "callbacks"
     gap = sum(float(x[3]) for x in longest)
     own = sum(float(x[0]) for x in longest)
     return "data wait" if own > 0 and gap >= own / 2 else "training step"

@@ -33,11 +33,18 @@ import os, sys, time
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from pytorch_lightning import LightningModule, Trainer
+from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.loggers import CSVLogger
 
 SLOW_MS = float(sys.argv[1])
 SAMPLES = int(sys.argv[2])
+PLOT_MS = float(sys.argv[3])  # rank 0's callback at every batch's end, after the all-reduce
+
+
+class Plots(Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if PLOT_MS and trainer.global_rank == 0:
+            time.sleep(PLOT_MS / 1000)
 
 
 class Data(Dataset):
@@ -71,12 +78,14 @@ class Model(LightningModule):
 trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2,
                   logger=CSVLogger({root!r}, name="logs", version=0), log_every_n_steps=4,
                   enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False)
+                  enable_model_summary=False, callbacks=[Plots()])
 trainer.fit(Model())
 """
 
 
-def _doctor(tmp_path: Path, slow_ms: float, samples: int = 96) -> tuple[dict[str, Any], str]:
+def _doctor(
+    tmp_path: Path, slow_ms: float, samples: int = 96, plot_ms: float = 0.0
+) -> tuple[dict[str, Any], str]:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(WORLD_SCRIPT.format(root=str(tmp_path))))
     report_path = tmp_path / "report.json"
@@ -84,6 +93,7 @@ def _doctor(tmp_path: Path, slow_ms: float, samples: int = 96) -> tuple[dict[str
         [
             sys.executable, "-m", "lightning_speedpack", "doctor", "--layout", "log",
             "--width", "120", "--json", str(report_path), str(script), str(slow_ms), str(samples),
+            str(plot_ms),
         ],
         timeout=280,
         cwd=tmp_path,
@@ -127,6 +137,27 @@ def test_a_rank_with_slow_data_is_the_first_warning_and_rank_0_waits_for_it(
     assert [line.split(",")[0] for line in logged[1:]] == ["0", "1"]
     findings_csv = (tmp_path / "logs" / "version_0" / "speedpack_findings.csv").read_text()
     assert ",world,straggler," in findings_csv  # the loggers get the world's findings too
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_a_rank_0_busy_after_the_all_reduce_is_the_straggler_the_others_wait_for(
+    tmp_path: Path,
+) -> None:
+    # Rank 0's callback takes 20 ms at every batch's end: rank 1 waits for it in Lightning's
+    # broadcast at the start of its next batch, before its fetch, not in its backward.
+    report, _ = _doctor(tmp_path, slow_ms=0.0, plot_ms=20.0)
+    world = report["runs"][0]["figures"]["world"]
+    straggler = world["straggler"]
+    assert (straggler["rank"], straggler["part"], straggler["callback"]) == (
+        0,
+        "callbacks",
+        "Plots",
+    )
+    assert "before each batch" in straggler["waited_in"]
+    rank1 = world["ranks"][1]
+    assert rank1["start_wait_ms"] > 10  # its wait before the fetch, not its data
+    assert rank1["data_wait_ms"] < 10
 
 
 @pytest.mark.ddp

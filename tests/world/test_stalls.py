@@ -19,34 +19,46 @@ from lightning_speedpack.world.stalls import BatchTally, find_stalls
 BACKWARD_S = 0.001  # backward's own compute on every rank
 AFTER_S = 0.0002  # the optimizer and the batch-end hooks
 
-# (rank, epoch, batch) -> (data s, compute s) of that rank's batch
-Own = Callable[[int, int, int], tuple[float, float]]
+# (rank, epoch, batch) -> (data s, compute s) of that rank's batch, or with the seconds of its
+# batch-end hooks after the all-reduce: (data s, compute s, after s)
+Own = Callable[[int, int, int], tuple[float, ...]]
 
 
 def _usual(rank: int, epoch: int, batch: int) -> tuple[float, float]:
     return 0.0005, 0.0025
 
 
-def _world(own: Own, *, ranks: int = 2, epochs: int = 2, batches: int = 32, **cpu: Any) -> dict:
-    """The payloads of ``ranks`` lock-step clocks (``cpu``: ``cpu_wait_s`` per rank)."""
+def _world(own: Own, *, ranks: int = 2, epochs: int = 2, batches: int = 32, **extra: Any) -> dict:
+    """The payloads of ``ranks`` lock-step clocks (``extra``: ``cpu_wait_s``, ``figures``).
+
+    As Lightning runs DDP: each batch begins with a broadcast from rank 0 (the others leave it
+    when rank 0 arrives), then the fetch and the forward, then backward's all-reduce (every rank
+    leaves it when the slowest arrives), then each rank's batch-end hooks.
+    """
     clocks = [StepClock(cpu_wait=lambda: None) for _ in range(ranks)]
-    t = 0.0
+    ends = [0.0] * ranks
     for epoch in range(epochs):
         for clock in clocks:
             clock.epoch_start(epoch)
         for batch in range(batches):
-            times = [own(r, epoch, batch) for r in range(ranks)]
-            ready = max(d + c for d, c in times)  # the all-reduce waits for the slowest
-            for clock, (data, compute) in zip(clocks, times, strict=True):
-                start = t + (data if batch else 0.0)
-                clock.batch_start(start)
-                clock.backward_start(start + compute)
-                clock.backward_end(t + ready + BACKWARD_S)
-                clock.batch_end(t + ready + BACKWARD_S + AFTER_S, 8)
-            t += ready + BACKWARD_S + AFTER_S
+            times = [(*own(r, epoch, batch), 0.0)[:3] for r in range(ranks)]
+            sent = ends[0]  # rank 0 broadcasts when it gets there
+            left = [max(end, sent) for end in ends]
+            starts = [go + (d if batch else 0.0) for go, (d, _, _) in zip(left, times, strict=True)]
+            ready = max(st + c for st, (_, c, _) in zip(starts, times, strict=True))
+            for r, clock in enumerate(clocks):
+                _, compute, after = times[r]
+                clock.fetch_start(left[r])
+                clock.batch_start(starts[r])
+                clock.backward_start(starts[r] + compute)
+                clock.backward_end(ready + BACKWARD_S)
+                ends[r] = ready + BACKWARD_S + AFTER_S + after
+                clock.batch_end(ends[r], 8)
         for clock in clocks:
             clock.epoch_end()
-    waits = cpu.get("cpu_wait_s", {})
+    t = max(ends)
+    waits = extra.get("cpu_wait_s", {})
+    published = extra.get("figures", {})
     return {
         rank: {
             "rank": rank,
@@ -56,23 +68,26 @@ def _world(own: Own, *, ranks: int = 2, epochs: int = 2, batches: int = 32, **cp
             "samples": 8 * epochs * batches,
             "clock": clock.figures(),
             "cpu_wait_s": waits.get(rank),
-            "figures": {},
+            "figures": dict(published.get(rank, {})),
             "findings": [],
         }
         for rank, clock in enumerate(clocks)
     }
 
 
-def _stalls_at(
-    rank: int, batches: tuple[int, ...], seconds: float, *, in_data: bool = False
-) -> Own:
-    """Rank ``rank`` takes ``seconds`` longer in ``batches`` of each epoch (its step or data)."""
+def _stalls_at(rank: int, batches: tuple[int, ...], seconds: float, *, where: str = "step") -> Own:
+    """Rank ``rank`` takes ``seconds`` longer in ``batches`` of each epoch: in its data, its
+    step (before the all-reduce) or its batch-end hooks (after it)."""
 
-    def own(r: int, epoch: int, batch: int) -> tuple[float, float]:
+    def own(r: int, epoch: int, batch: int) -> tuple[float, ...]:
         data, compute = _usual(r, epoch, batch)
-        if r == rank and batch in batches:
-            return (data + seconds, compute) if in_data else (data, compute + seconds)
-        return data, compute
+        if r != rank or batch not in batches:
+            return data, compute
+        return {
+            "data": (data + seconds, compute),
+            "step": (data, compute + seconds),
+            "after": (data, compute, seconds),
+        }[where]
 
     return own
 
@@ -96,7 +111,7 @@ def test_a_rank_that_stalls_in_a_few_batches_is_named_with_its_batches_and_the_w
 
 
 def test_stalls_in_the_loader_are_the_data_wait() -> None:
-    world = world_figures(_world(_stalls_at(1, (5, 20, 30), 0.12, in_data=True)))
+    world = world_figures(_world(_stalls_at(1, (5, 20, 30), 0.12, where="data")))
     assert world["stalls"]["part"] == "data wait"
     assert "loader" in (world_findings(world)[0].fix or "")
 
@@ -177,12 +192,60 @@ def test_a_world_without_tallies_names_no_stalls() -> None:
     assert find_stalls({0: {}, 1: {}}, rows) is None  # ranks of an older pack
 
 
-def test_without_ddps_sampled_waits_each_ranks_typical_backward_decides() -> None:
+def test_the_others_typical_wait_from_their_clocks_or_ddps_medians_confirms_a_straggler() -> None:
     payloads = _world(_stalls_at(1, (8, 24), 0.15))
     world = world_figures(payloads)
-    assert world["straggler"] is None  # rank 0's typical backward is not rank 1's excess
-    assert [round(r["backward_typical_ms"]) for r in world["ranks"]] == [1, 1]
-    # DDP's sampled waits are read first where every rank has them (here: waits in most steps)
+    assert world["straggler"] is None  # rank 0's typical wait is not rank 1's excess
+    assert [round(r["wait_typical_ms"]) for r in world["ranks"]] == [1, 1]
+    # DDP's sampled medians (the all-reduce's alone) say rank 0 waited in most steps: either
+    # typical wait may confirm (a starved rank is slow in its own backward too, which only
+    # DDP's figure leaves out)
     for rank, wait in ((0, 12.0), (1, 0.2)):
         payloads[rank]["figures"] = {"comm_wait_median_ms": wait}
     assert world_figures(payloads)["straggler"]["rank"] == 1
+    # neither: the stalls stay stalls
+    for rank, wait in ((0, 1.0), (1, 0.9)):
+        payloads[rank]["figures"] = {"comm_wait_median_ms": wait}
+    assert world_figures(payloads)["straggler"] is None
+
+
+def test_stalls_in_one_ranks_callback_name_the_callback() -> None:
+    # A rank_zero_only callback that plots every 16 batches, after the all-reduce: rank 1 waits
+    # for it in the next batch's broadcast from rank 0, before its fetch, not in its backward.
+    plots = {"wall_time/parts/callbacks": 0.62, "wall_time/callbacks/Plots": 0.6}
+    figures = {0: plots, 1: {"wall_time/parts/callbacks": 0.02, "wall_time/callbacks/Plots": 0.0}}
+    world = world_figures(_world(_stalls_at(0, (8, 24), 0.15, where="after"), figures=figures))
+    stalls = world["stalls"]
+    assert (stalls["rank"], stalls["part"], stalls["callback"]) == (0, "callbacks", "Plots")
+    finding = stalls_finding(stalls)
+    assert "in the hooks of Plots" in finding.message
+    assert "rank_zero_only" in (finding.fix or "")
+    assert world["ranks"][1]["bound"] == "rank 0"  # rank 1 waited for rank 0's plots
+
+
+def test_a_rank_0_slow_after_the_all_reduce_is_a_straggler_waited_for_before_the_fetch() -> None:
+    # rank 0's batch-end hooks take 30 ms every batch: rank 1 waits in the broadcast at the
+    # start of its next batch; counted as its data wait, both ranks looked alike
+    slow = _stalls_at(0, tuple(range(32)), 0.03, where="after")
+    figures = {0: {"wall_time/parts/callbacks": 1.9, "wall_time/callbacks/Plots": 1.9}}
+    world = world_figures(_world(slow, figures=figures))
+    straggler = world["straggler"]
+    assert (straggler["rank"], straggler["part"]) == (0, "callbacks")
+    assert straggler["callback"] == "Plots"
+    rank1 = world["ranks"][1]
+    assert rank1["start_wait_ms"] > 25  # its wait before the fetch
+    assert rank1["data_wait_ms"] < 1  # not its data
+    assert world["stalls"] is None
+
+
+def test_the_clock_keeps_the_wait_before_the_fetch_apart_from_the_data() -> None:
+    clock = StepClock(cpu_wait=lambda: None)
+    clock.epoch_start(0)
+    clock.batch_start(0.0)
+    clock.batch_end(0.01, 8)
+    clock.fetch_start(0.04)  # 30 ms in the broadcast, then a 5 ms fetch
+    clock.batch_start(0.045)
+    clock.batch_end(0.055, 8)
+    figures = clock.figures()
+    assert round(figures["start_ms"], 3) == 30.0
+    assert round(figures["gap_ms"], 3) == 35.0
