@@ -262,7 +262,7 @@ class StepClock:
             gap = max(now - last - self._paused_s, 0.0)
             epoch.gap_s += gap
             epoch.gaps += 1
-            if fetched is not None and fetched > last:  # validation ran before the fetch
+            if fetched is not None and fetched > last:  # a fetch in this gap, not in the batch
                 start = min(max(fetched - last - self._paused_s, 0.0), gap)
                 self.start_s += start
         self._gap, self._start_wait, self._backward_s = gap, start, 0.0
