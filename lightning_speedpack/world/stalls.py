@@ -154,7 +154,7 @@ class Stalls:
     stalls: int  # its batches counted as stalls
     batches: int  # its batches tallied
     typical_ms: float  # its typical batch's own time
-    longest: list[list[float]]  # [own ms, epoch, batch, gap ms] of its longest stalls
+    longest: list[list[float]]  # [own ms, epoch, batch, data wait ms] of its longest stalls
     excess_s: float  # its stalls' time beyond its typical batch
     part: str  # "data wait", "training step", "callbacks" or CPU_WAIT
     waited_s: float  # the others' wait for them (mean per rank)
