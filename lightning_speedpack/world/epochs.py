@@ -6,7 +6,8 @@ moves, and over the whole run the ranks' waits average out. A host whose other w
 from one rank's core to another's moves the slowest rank too: an epoch whose slowest rank spent
 its extra time ready to run with no CPU free (its wait for a CPU, read by the kernel) is the
 host's, not evidence about the data. These functions read each rank's per-epoch clock rows
-(epoch, batches, span s, gap s, gaps, backward s, CPU wait s or None;
+(epoch, batches, span s, gap s, gaps, backward s, CPU wait s or None, start s: the wait before
+the fetches, which counts with backward's as a wait;
 :meth:`~lightning_speedpack.world.payload.StepClock.figures`).
 """
 
@@ -30,13 +31,14 @@ from lightning_speedpack.world.engine import (
 __all__ = ["epoch_waits", "host_by_epoch", "host_moved", "moving_straggler", "slowest_by_epoch"]
 
 
-_Row = tuple[float, float, int, float | None]  # cycle ms, backward ms, batches, CPU wait ms
+_Row = tuple[float, float, int, float | None]  # cycle ms, waits ms, batches, CPU wait ms
 
 
 def _epoch_table(
     epochs: Mapping[int, Sequence[Sequence[float | None]]],
 ) -> dict[int, dict[int, _Row]]:
-    # {epoch: {rank: (cycle ms, backward ms, batches, CPU wait ms a batch or None)}}
+    # {epoch: {rank: (cycle ms, waits ms, batches, CPU wait ms a batch or None)}}, the waits
+    # being backward and the part of the gaps before the fetch (Lightning's broadcast)
     by_epoch: dict[int, dict[int, _Row]] = {}
     for rank, rows in epochs.items():
         for row in rows:
@@ -45,9 +47,10 @@ def _epoch_table(
                 continue
             cycle = 1000.0 * (span / batches + (gap / gaps if gaps else 0.0))
             cpu = row[6] if len(row) > 6 else None  # rows sent before the CPU wait was kept
+            start = float(row[7] or 0.0) if len(row) > 7 else 0.0
             by_epoch.setdefault(int(epoch), {})[int(rank)] = (
                 cycle,
-                1000.0 * backward / batches,
+                1000.0 * (backward + start) / batches,
                 int(batches),
                 None if cpu is None else 1000.0 * float(cpu) / batches,
             )
@@ -63,7 +66,8 @@ def slowest_by_epoch(
     """``[[epoch, rank], ...]``: each epoch whose slowest rank is plain, and that rank.
 
     ``epochs`` holds each rank's per-epoch clock rows (epoch, batches, span s, gap s, gaps,
-    backward s, CPU wait s; :meth:`~lightning_speedpack.world.payload.StepClock.figures`). An
+    backward s, CPU wait s, start s; :meth:`~lightning_speedpack.world.payload.StepClock.figures`).
+    An
     epoch whose slowest rank was kept off the CPU (its extra wait for one is
     :data:`~lightning_speedpack.world.engine.CPU_WAIT_SHARE` of its excess or more) is left
     out: that is its host's doing, not the data's.
@@ -134,7 +138,7 @@ def host_moved(
 
 
 def epoch_waits(epochs: Mapping[int, Sequence[Sequence[float | None]]]) -> dict[int, float]:
-    """Seconds each rank waited for the others, epoch by epoch (backward above the epoch's least).
+    """Seconds each rank waited for the others, epoch by epoch (waits above the epoch's least).
 
     Unlike the run's wait, a slowest rank that changes between epochs does not cancel out.
 
@@ -146,8 +150,8 @@ def epoch_waits(epochs: Mapping[int, Sequence[Sequence[float | None]]]) -> dict[
     waits: dict[int, float] = {}
     for ranks in _epoch_table(epochs).values():
         low = min(row[1] for row in ranks.values())
-        for rank, (_, backward, batches, _) in ranks.items():
-            waits[rank] = round(waits.get(rank, 0.0) + (backward - low) * batches / 1000.0, 6)
+        for rank, (_, waited, batches, _) in ranks.items():
+            waits[rank] = round(waits.get(rank, 0.0) + (waited - low) * batches / 1000.0, 6)
     return dict(sorted(waits.items()))
 
 

@@ -152,6 +152,7 @@ class _Epoch:
     gaps: int = 0
     backward_s: float = 0.0
     cpu_wait_s: float | None = None  # the training thread's wait for a CPU in the epoch
+    start_s: float = 0.0  # the gaps' parts before the fetch (Lightning's broadcast)
 
     def row(self) -> list[float | None]:
         return [
@@ -162,6 +163,7 @@ class _Epoch:
             self.gaps,
             round(self.backward_s, 6),
             None if self.cpu_wait_s is None else round(self.cpu_wait_s, 6),
+            round(self.start_s, 6),
         ]
 
 
@@ -265,6 +267,7 @@ class StepClock:
             if fetched is not None and fetched > last:  # a fetch in this gap, not in the batch
                 start = min(max(fetched - last - self._paused_s, 0.0), gap)
                 self.start_s += start
+                epoch.start_s += start
         self._gap, self._start_wait, self._backward_s = gap, start, 0.0
         self._paused_s = 0.0
         self._fetch_at = None
@@ -306,7 +309,7 @@ class StepClock:
         ``batches``, ``cycle_ms``, ``gap_ms``, ``span_ms``, ``backward_ms`` (per batch),
         ``start_ms`` (per gap: the part before the fetch; 0 unless told the fetches), the
         batch sizes seen and ``epochs`` (a row per epoch: epoch, batches, span s, gap s, gaps,
-        backward s, CPU wait s or None) and ``tally`` (:meth:`BatchTally.figures
+        backward s, CPU wait s or None, start s) and ``tally`` (:meth:`BatchTally.figures
         <lightning_speedpack.world.stalls.BatchTally.figures>`).
         """
         batches = sum(e.batches for e in self.epochs)

@@ -249,3 +249,19 @@ def test_the_clock_keeps_the_wait_before_the_fetch_apart_from_the_data() -> None
     figures = clock.figures()
     assert round(figures["start_ms"], 3) == 30.0
     assert round(figures["gap_ms"], 3) == 35.0
+
+
+def test_each_epoch_counts_the_wait_before_the_fetch_as_a_wait() -> None:
+    # Epoch 0: rank 1's step is slow; epoch 1: rank 0's batch-end hooks are (rank 1 waits for
+    # them before its fetch): the slowest rank moves, epoch by epoch.
+    def moving(r: int, epoch: int, batch: int) -> tuple[float, ...]:
+        data, compute = _usual(r, epoch, batch)
+        if (r, epoch) == (1, 0):
+            return data, compute + 0.03
+        if (r, epoch) == (0, 1):
+            return data, compute, 0.03
+        return data, compute
+
+    world = world_figures(_world(moving))
+    assert world["slowest_by_epoch"] == [[0, 1], [1, 0]]
+    assert world["straggler"]["moving"] == [[0, 1], [1, 0]]
