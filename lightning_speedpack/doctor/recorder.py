@@ -19,7 +19,6 @@ from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.core.lightning import Callback
 from lightning_speedpack.core.logged_batch_size import unwatch, watch
-from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import Diagnosable
 from lightning_speedpack.core.tables import log_fit_end, log_summary, log_table
 from lightning_speedpack.doctor.report import RunSummary
@@ -43,27 +42,29 @@ __all__ = ["WORLD_TABLE", "RunRecorder"]
 WORLD_TABLE = "speedpack/world"
 
 
-class _FetchStarts:
-    """Tells a rank's clock when each training fetch begins (a profiler-tap listener).
+#: The method of Lightning's training epoch loop that broadcasts from rank 0 before each batch
+#: (a SIGTERM flag), where the other ranks wait for a rank 0 still busy after the all-reduce.
+BROADCAST = "_broadcast_sigterm_tensor"
 
-    Under DDP the gap before it holds Lightning's per-batch broadcast from rank 0, where the
-    other ranks wait for a rank 0 still busy after the last all-reduce.
+
+def _time_broadcast(loop: Any, clock: StepClock) -> bool:
+    """Time ``loop``'s per-batch broadcast into ``clock`` (an instance attribute over the method).
+
+    False where the loop has no such broadcast (a Lightning without it: nothing waits there).
     """
+    broadcast = getattr(loop, BROADCAST, None)
+    if not callable(broadcast) or BROADCAST in vars(loop):
+        return False
 
-    __slots__ = ("clock",)
+    def timed() -> None:
+        began = time.perf_counter()
+        try:
+            broadcast()
+        finally:
+            clock.broadcast_wait(time.perf_counter() - began)
 
-    def __init__(self, clock: StepClock) -> None:
-        self.clock = clock
-
-    @staticmethod
-    def wants(name: str) -> bool:
-        """Only the training fetch."""
-        return name.endswith(TRAIN_FETCH)
-
-    def on_action(self, name: str, started: bool, now: float) -> None:
-        """A training fetch starts (``started``) or stops."""
-        if started:
-            self.clock.fetch_start(now)
+    setattr(loop, BROADCAST, timed)
+    return True
 
 
 class RunRecorder(Callback):
@@ -99,11 +100,10 @@ class RunRecorder(Callback):
         self._watched: Any = None
         self._clock = StepClock()
         self._cpu_wait: float | None = None  # the fit thread's run-queue delay at fit start
-        self._tapped: Any = None  # the Trainer whose fetches it hears (DDP), until the fit ends
-        self._fetches: _FetchStarts | None = None
+        self._timed_loop: Any = None  # the epoch loop whose broadcast it times (DDP)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_watched": None, "_tapped": None, "_fetches": None}
+        return {**self.__dict__, "_watched": None, "_timed_loop": None}
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -111,10 +111,9 @@ class RunRecorder(Callback):
         self._clock = StepClock()
         self._unwatch()
         self._watched = pl_module
-        if trainer.world_size > 1:  # the wait before a fetch: Lightning's broadcast
-            self._fetches = _FetchStarts(self._clock)
-            tap(trainer, self._fetches)
-            self._tapped = trainer
+        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        if trainer.world_size > 1 and loop is not None and _time_broadcast(loop, self._clock):
+            self._timed_loop = loop
         self._sizer = BatchSizer(logged=watch(pl_module))
         self._cpu_wait = thread_cpu_wait_s()
         self._start = time.perf_counter()
@@ -258,10 +257,9 @@ class RunRecorder(Callback):
         module, self._watched = self._watched, None
         if module is not None:
             unwatch(module)
-        trainer, fetches = self._tapped, self._fetches
-        self._tapped = self._fetches = None
-        if trainer is not None and fetches is not None:
-            untap(trainer, fetches)
+        loop, self._timed_loop = self._timed_loop, None
+        if loop is not None and BROADCAST in vars(loop):
+            delattr(loop, BROADCAST)  # the method again
 
     def log_tables(self, trainer: pl.Trainer) -> None:
         """Log the last fit's wall time and peak RSS (summary fields) and, under DDP, the world.

@@ -181,10 +181,10 @@ class StepClock:
     :func:`~lightning_speedpack.core.cpu_wait.thread_cpu_wait_s`; validation run inside the
     epoch counts too), which tells a rank kept off the CPU in that epoch from one whose data or
     code was slower. Under DDP a gap also holds Lightning's per-batch broadcast from rank 0
-    (``_broadcast_sigterm_tensor``, before the fetch), where a rank waits for a rank 0 still
-    busy after the previous all-reduce (its optimizer step, its batch-end hooks): told the
-    fetch's start (:meth:`fetch_start`), the clock keeps that *start* part of the gap apart, a
-    wait like backward's. Each batch's own time (gap + span - backward - start) and its waits
+    (``_broadcast_sigterm_tensor``, before the fetch), where the ranks wait for one still busy
+    after the previous all-reduce (its optimizer step, its batch-end hooks): told how long each
+    took (:meth:`broadcast_wait`), the clock keeps that *start* part of the gap apart, a wait
+    like backward's. Each batch's own time (gap + span - backward - start) and its waits
     (backward + start) go to a :class:`~lightning_speedpack.world.stalls.BatchTally`, from
     which rank 0 tells a rank that stalls now and then.
 
@@ -220,7 +220,7 @@ class StepClock:
     _gap: float = 0.0  # this batch's gap (0 for an epoch's first)
     _start_wait: float = 0.0  # the part of it before the fetch began
     _backward_s: float = 0.0  # this batch's backward so far
-    _fetch_at: float | None = None  # when this batch's fetch began, if told
+    _broadcast: float = 0.0  # the broadcast's seconds before this batch, if told
 
     def _current(self) -> _Epoch:
         if not self.epochs:
@@ -251,26 +251,24 @@ class StepClock:
             self._paused_s += now - self._paused_at
             self._paused_at = None
 
-    def fetch_start(self, now: float) -> None:
-        """The training fetch begins (Lightning's ``train_dataloader_next`` action)."""
-        self._fetch_at = now
+    def broadcast_wait(self, seconds: float) -> None:
+        """Lightning's broadcast before the next batch took ``seconds`` (its wait, mostly)."""
+        self._broadcast += seconds
 
     def batch_start(self, now: float) -> None:
         """A training batch starts (after its fetch and copy)."""
         epoch = self._current()
         gap = start = 0.0
-        last, fetched = self._last_end, self._fetch_at
-        if last is not None:
-            gap = max(now - last - self._paused_s, 0.0)
+        if self._last_end is not None:
+            gap = max(now - self._last_end - self._paused_s, 0.0)
             epoch.gap_s += gap
             epoch.gaps += 1
-            if fetched is not None and fetched > last:  # a fetch in this gap, not in the batch
-                start = min(max(fetched - last - self._paused_s, 0.0), gap)
+            if self._broadcast:
+                start = min(self._broadcast, gap)
                 self.start_s += start
                 epoch.start_s += start
         self._gap, self._start_wait, self._backward_s = gap, start, 0.0
-        self._paused_s = 0.0
-        self._fetch_at = None
+        self._paused_s = self._broadcast = 0.0
         self._start = now
 
     def backward_start(self, now: float) -> None:
@@ -307,7 +305,7 @@ class StepClock:
         """The clock's figures: means per batch, batch sizes, and a row per epoch.
 
         ``batches``, ``cycle_ms``, ``gap_ms``, ``span_ms``, ``backward_ms`` (per batch),
-        ``start_ms`` (per gap: the part before the fetch; 0 unless told the fetches), the
+        ``start_ms`` (per gap: the broadcast's part; 0 unless told), the
         batch sizes seen and ``epochs`` (a row per epoch: epoch, batches, span s, gap s, gaps,
         backward s, CPU wait s or None, start s) and ``tally`` (:meth:`BatchTally.figures
         <lightning_speedpack.world.stalls.BatchTally.figures>`).

@@ -225,3 +225,26 @@ def test_the_loggers_get_the_world_findings_through_the_recorder() -> None:
     logged = log_findings(trainer)  # type: ignore[arg-type]
     assert [f.id for f in logged] == ["straggler", "step-phases"]
     assert logged[1].message.startswith("Where a training batch's host time goes on rank 0")
+
+
+def test_the_broadcast_is_timed_on_the_loop_instance_and_put_back() -> None:
+    from lightning_speedpack.doctor.recorder import BROADCAST, _time_broadcast
+    from lightning_speedpack.world.payload import StepClock
+
+    class Loop:  # Lightning's epoch loop, as far as the recorder touches it
+        def _broadcast_sigterm_tensor(self) -> None:
+            raise RuntimeError("SIGTERM on rank 0")  # what Lightning raises to stop every rank
+
+    loop, clock = Loop(), StepClock(cpu_wait=lambda: None)
+    assert _time_broadcast(loop, clock)
+    assert not _time_broadcast(loop, clock)  # never twice
+    clock.epoch_start(0)
+    clock.batch_start(0.0)
+    clock.batch_end(0.01, 8)
+    with pytest.raises(RuntimeError, match="SIGTERM"):
+        loop._broadcast_sigterm_tensor()  # the error passes, the time is kept
+    clock.batch_start(10.0)
+    assert clock.figures()["start_ms"] > 0
+    delattr(loop, BROADCAST)
+    assert BROADCAST not in vars(loop)
+    assert not _time_broadcast(object(), clock)  # a Lightning without the broadcast

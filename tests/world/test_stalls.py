@@ -48,7 +48,7 @@ def _world(own: Own, *, ranks: int = 2, epochs: int = 2, batches: int = 32, **ex
             ready = max(st + c for st, (_, c, _) in zip(starts, times, strict=True))
             for r, clock in enumerate(clocks):
                 _, compute, after = times[r]
-                clock.fetch_start(left[r])
+                clock.broadcast_wait(left[r] - ends[r])  # timed around the broadcast
                 clock.batch_start(starts[r])
                 clock.backward_start(starts[r] + compute)
                 clock.backward_end(ready + BACKWARD_S)
@@ -238,12 +238,12 @@ def test_a_rank_0_slow_after_the_all_reduce_is_a_straggler_waited_for_before_the
     assert world["stalls"] is None
 
 
-def test_the_clock_keeps_the_wait_before_the_fetch_apart_from_the_data() -> None:
+def test_the_clock_keeps_the_broadcasts_wait_apart_from_the_data() -> None:
     clock = StepClock(cpu_wait=lambda: None)
     clock.epoch_start(0)
     clock.batch_start(0.0)
     clock.batch_end(0.01, 8)
-    clock.fetch_start(0.04)  # 30 ms in the broadcast, then a 5 ms fetch
+    clock.broadcast_wait(0.03)  # 30 ms in the broadcast, then a 5 ms fetch
     clock.batch_start(0.045)
     clock.batch_end(0.055, 8)
     figures = clock.figures()
