@@ -6,8 +6,8 @@ moves, and over the whole run the ranks' waits average out. A host whose other w
 from one rank's core to another's moves the slowest rank too: an epoch whose slowest rank spent
 its extra time ready to run with no CPU free (its wait for a CPU, read by the kernel) is the
 host's, not evidence about the data. These functions read each rank's per-epoch clock rows
-(epoch, batches, span s, gap s, gaps, backward s, CPU wait s or None, start s: the wait before
-the fetches, which counts with backward's as a wait;
+(epoch, batches, span s, gap s, gaps, backward s, CPU wait s or None, start s: the time in
+Lightning's broadcast before the fetches, a wait like backward's;
 :meth:`~lightning_speedpack.world.payload.StepClock.figures`).
 """
 
@@ -38,7 +38,7 @@ def _epoch_table(
     epochs: Mapping[int, Sequence[Sequence[float | None]]],
 ) -> dict[int, dict[int, _Row]]:
     # {epoch: {rank: (cycle ms, waits ms, batches, CPU wait ms a batch or None)}}, the waits
-    # being backward and the part of the gaps before the fetch (Lightning's broadcast)
+    # being backward and the time in Lightning's broadcast before each fetch
     by_epoch: dict[int, dict[int, _Row]] = {}
     for rank, rows in epochs.items():
         for row in rows:

@@ -152,7 +152,7 @@ class _Epoch:
     gaps: int = 0
     backward_s: float = 0.0
     cpu_wait_s: float | None = None  # the training thread's wait for a CPU in the epoch
-    start_s: float = 0.0  # the gaps' parts before the fetch (Lightning's broadcast)
+    start_s: float = 0.0  # the gaps' time in Lightning's broadcast before each fetch
 
     def row(self) -> list[float | None]:
         return [
@@ -215,7 +215,7 @@ class StepClock:
     _paused_s: float = 0.0
     _epoch_cpu_wait: float | None = None
     tally: BatchTally = field(default_factory=BatchTally)
-    #: Seconds of the gaps before the fetch began (the broadcast's wait), over the run.
+    #: Seconds of the gaps spent in Lightning's broadcast before each fetch, over the run.
     start_s: float = 0.0
     _gap: float = 0.0  # this batch's gap (0 for an epoch's first)
     _start_wait: float = 0.0  # the part of it before the fetch began
