@@ -245,6 +245,8 @@ def test_the_broadcast_is_timed_on_the_loop_instance_and_put_back() -> None:
         loop._broadcast_sigterm_tensor()  # the error passes, the time is kept
     clock.batch_start(10.0)
     assert clock.figures()["start_ms"] > 0
-    delattr(loop, BROADCAST)
+    recorder = RunRecorder()  # the fit ends (or raises): the recorder takes its timer off
+    recorder._timed_loop = loop
+    recorder.on_exception(None, None, RuntimeError())  # type: ignore[arg-type]
     assert BROADCAST not in vars(loop)
     assert not _time_broadcast(object(), clock)  # a Lightning without the broadcast
