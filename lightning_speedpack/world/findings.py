@@ -94,6 +94,19 @@ def _where(rank: int, node: Any, host: Any) -> str:
     return ", ".join(parts)
 
 
+def _label(rank: int, node: Any, host: Any) -> str:
+    # "rank 1 (node 0, gpu7)": the rank a finding's message opens with
+    label = _where(rank, node, host).replace(f"rank {rank}, ", f"rank {rank} (", 1)
+    return f"{label})" if "(" in label else label
+
+
+def _the_others(others: int) -> tuple[str, str, str]:
+    # (who waited, whose, " each (mean)" or "") for the ranks that waited
+    if others == 1:
+        return "the other rank", "its", ""
+    return f"the other {others} ranks", "their", " each (mean)"
+
+
 def straggler_finding(straggler: Mapping[str, Any]) -> Finding:
     """The ``world/straggler`` warning (see :class:`~lightning_speedpack.world.engine.Straggler`).
 
@@ -109,18 +122,14 @@ rank waited 10.1 s for it in the gradient all-reduce, 92% of its steps (80% of t
     """
     rank = int(straggler["rank"])
     node, host = straggler.get("node"), straggler.get("host")
-    others = int(straggler.get("others") or 1)
-    who = "the other rank" if others == 1 else f"the other {others} ranks"
-    its = "its" if others == 1 else "their"
-    each = "" if others == 1 else " each (mean)"
+    who, its, each = _the_others(int(straggler.get("others") or 1))
     waited = (
         f"{who} waited {straggler['waited_s']:.1f} s{each} for it "
         f"{straggler.get('waited_in') or IN_ALL_REDUCE}, "
         f"{straggler['waited_step_fraction']:.0%} of {its} steps "
         f"({straggler['wall_fraction']:.0%} of the wall time)"
     )
-    label = _where(rank, node, host).replace(f"rank {rank}, ", f"rank {rank} (", 1)
-    label = f"{label})" if "(" in label else label
+    label = _label(rank, node, host)
     moving = straggler.get("moving")
     figures = {
         "wall_fraction": straggler["wall_fraction"],
@@ -218,12 +227,8 @@ all-reduce, 55% of its training loop
     """
     rank = int(stalls["rank"])
     node, host = stalls.get("node"), stalls.get("host")
-    others = int(stalls.get("others") or 1)
-    who = "the other rank" if others == 1 else f"the other {others} ranks"
-    its = "its" if others == 1 else "their"
-    each = "" if others == 1 else " each (mean)"
-    label = _where(rank, node, host).replace(f"rank {rank}, ", f"rank {rank} (", 1)
-    label = f"{label})" if "(" in label else label
+    who, its, each = _the_others(int(stalls.get("others") or 1))
+    label = _label(rank, node, host)
     longest = list(stalls.get("longest") or [])[:4]
     listed = ", ".join(f"{ms:.1f} ms (epoch {int(e)}, batch {int(b)})" for ms, e, b, _ in longest)
     part = str(stalls["part"])

@@ -215,8 +215,6 @@ class StepClock:
     _paused_s: float = 0.0
     _epoch_cpu_wait: float | None = None
     tally: BatchTally = field(default_factory=BatchTally)
-    #: Seconds of the gaps spent in Lightning's broadcast before each fetch, over the run.
-    start_s: float = 0.0
     _gap: float = 0.0  # this batch's gap (0 for an epoch's first)
     _start_wait: float = 0.0  # the part of it before the fetch began
     _backward_s: float = 0.0  # this batch's backward so far
@@ -265,7 +263,6 @@ class StepClock:
             epoch.gaps += 1
             if self._broadcast:
                 start = min(self._broadcast, gap)
-                self.start_s += start
                 epoch.start_s += start
         self._gap, self._start_wait, self._backward_s = gap, start, 0.0
         self._paused_s = self._broadcast = 0.0
@@ -315,6 +312,7 @@ class StepClock:
         span = sum(e.span_s for e in self.epochs)
         gap = sum(e.gap_s for e in self.epochs)
         backward = sum(e.backward_s for e in self.epochs)
+        start = sum(e.start_s for e in self.epochs)
         span_ms = 1000.0 * span / batches if batches else 0.0
         gap_ms = 1000.0 * gap / gaps if gaps else 0.0
         return {
@@ -323,7 +321,7 @@ class StepClock:
             "gap_ms": gap_ms,
             "span_ms": span_ms,
             "backward_ms": 1000.0 * backward / batches if batches else 0.0,
-            "start_ms": 1000.0 * self.start_s / gaps if gaps else 0.0,
+            "start_ms": 1000.0 * start / gaps if gaps else 0.0,
             "batch_size_min": self.batch_size_min,
             "batch_size_max": self.batch_size_max,
             "epochs": [e.row() for e in self.epochs if e.batches],
