@@ -250,3 +250,22 @@ def test_the_broadcast_is_timed_on_the_loop_instance_and_put_back() -> None:
     recorder.on_exception(None, None, RuntimeError())  # type: ignore[arg-type]
     assert BROADCAST not in vars(loop)
     assert not _time_broadcast(object(), clock)  # a Lightning without the broadcast
+
+
+def test_the_broadcast_timer_passes_arguments_and_the_result_through() -> None:
+    # A later Lightning may give its broadcast arguments or use what it returns: the job must
+    # see its own method's behaviour, timed or not.
+    from lightning_speedpack.doctor.recorder import BROADCAST, _time_broadcast
+    from lightning_speedpack.world.payload import StepClock
+
+    class Loop:
+        def _broadcast_sigterm_tensor(
+            self, src: int = 0, *, group: str = "world"
+        ) -> tuple[int, str]:
+            return src, group
+
+    loop, clock = Loop(), StepClock(cpu_wait=lambda: None)
+    assert _time_broadcast(loop, clock)
+    assert loop._broadcast_sigterm_tensor(1, group="node") == (1, "node")
+    assert loop._broadcast_sigterm_tensor() == (0, "world")
+    delattr(loop, BROADCAST)
