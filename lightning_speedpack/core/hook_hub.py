@@ -183,6 +183,22 @@ class HookHub(Callback):
                     setattr(self, hook, self._forwarder(hook))
         self._dispatch(self.members)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Lightning's spawn launchers (`ddp_spawn`) pickle the Trainer with its callbacks: the
+        # dispatchers are closures, so only what rebuilds them travels.
+        return {"members": self.members, "owns": self.owns, "present": self.present}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        members = state["members"]
+        for member in members:  # the hooks this hub took over are the members' own again...
+            for hook in PER_BATCH_HOOKS:
+                if hook in vars(member) and vars(member)[hook] is None:
+                    delattr(member, hook)
+        self.__init__(members, owns=state["owns"])  # type: ignore[misc]  # ...and taken again
+        present = state["present"]
+        if len(present) != len(self.present):
+            self._dispatch(present)
+
     def _dispatch(self, present: list[Any]) -> None:
         """Dispatch each taken-over hook to the members in ``present``, counting from zero."""
         self._spent.clear()

@@ -39,7 +39,8 @@ from lightning_speedpack.core.registry import (
 )
 from lightning_speedpack.core.tables import merge_findings
 from lightning_speedpack.doctor.recorder import RunRecorder
-from lightning_speedpack.doctor.report import Finding, Report, ordered
+from lightning_speedpack.doctor.report import Finding, Report, RunSummary, ordered
+from lightning_speedpack.doctor.spawned import carry
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -76,8 +77,36 @@ _BOOTSTRAP_DIR = str(Path(__file__).with_name("_bootstrap"))
 
 @dataclass
 class _Attached:
+    """The doctor's callbacks on one Trainer, and what they found.
+
+    Picklable (names, not :class:`Diagnostic` objects): under ``ddp_spawn`` it travels to the
+    spawned ranks, where rank 0 computes :meth:`parts` and sends them back (:mod:`.spawned`).
+    """
+
     recorder: RunRecorder
-    diagnostics: list[tuple[Diagnostic, Callback]] = field(default_factory=list)
+    diagnostics: list[tuple[str, Callback]] = field(default_factory=list)  # (name, callback)
+    carried: Any = None  # what spawned ranks sent back: parts, or a line saying why not
+
+    def parts(self) -> tuple[list[Finding], list[RunSummary]]:
+        """The findings (rank 0's, read with every rank in view) and runs with their figures."""
+        if self.carried is not None:
+            return _carried(self.carried)
+        figures: dict[str, Any] = {}
+        found: list[Finding] = []
+        for name, callback in self.diagnostics:
+            if isinstance(callback, Diagnosable):
+                found.extend(_safe_findings(name, callback))
+                figures.update(callback.doctor_figures())
+        # Under DDP: rank 0's findings and figures read with every rank in view.
+        found = self.recorder.revise_findings(found)
+        self.recorder.revise_figures(figures)
+        for run in self.recorder.runs:
+            run.figures.update(figures)
+        return ordered(merge_findings(found)), list(self.recorder.runs)
+
+    def take(self, carried: Any) -> None:
+        """Keep what the spawned ranks sent back (their fit is this Trainer's)."""
+        self.carried = carried
 
 
 class DoctorSession:
@@ -183,23 +212,34 @@ class DoctorSession:
         trainer_type.__init__ = __init__
         return original
 
-    @staticmethod
-    def _wrap_fit(trainer_type: type[Any]) -> Any:
+    def _wrap_fit(self, trainer_type: type[Any]) -> Any:
         # The wall-time ledger's first hook comes after Lightning has set up the strategy and
         # the process group, its last before the module's teardown and the profiler's summary:
         # tell it when `fit` was entered and returned, so that time is charged too.
         original = trainer_type.fit
+        session = self
 
         @functools.wraps(original)
         def fit(trainer: pl.Trainer, *args: Any, **kwargs: Any) -> Any:
             _tell(trainer, "fit_entered")
+            uncarry = session._carry(trainer)
             try:
                 return original(trainer, *args, **kwargs)
             finally:
+                uncarry()
                 _tell(trainer, "fit_returned")
 
         trainer_type.fit = fit
         return original
+
+    def _carry(self, trainer: Any) -> Any:
+        """Under a launcher that spawns the ranks, have rank 0's report sent back here."""
+        running = callbacks_of(trainer)
+        for attached in self._attached:
+            if any(c is attached.recorder for c in running):
+                launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
+                return carry(launcher, attached.parts, attached.take)
+        return _nothing
 
     def uninstall(self) -> None:
         """Restore every wrapped ``Trainer.__init__`` and ``Trainer.fit`` (idempotent)."""
@@ -236,7 +276,7 @@ class DoctorSession:
             if mine is None:  # the user's own instance is reused, never doubled
                 mine = diagnostic.factory(ctx)
                 created.append(mine)
-            attached.diagnostics.append((diagnostic, mine))
+            attached.diagnostics.append((diagnostic.name, mine))
         created.append(attached.recorder)
         # One callback for all the doctor's own, in the place and order they had: on a
         # millisecond step Lightning's loop over each callback for each hook was a large share
@@ -249,19 +289,9 @@ class DoctorSession:
         """Collect runs and findings from every Trainer built so far."""
         report = Report(skipped=self.skipped_deep())
         for attached in self._attached:
-            figures: dict[str, Any] = {}
-            found: list[Finding] = []
-            for diagnostic, callback in attached.diagnostics:
-                if isinstance(callback, Diagnosable):
-                    found.extend(_safe_findings(diagnostic, callback))
-                    figures.update(callback.doctor_figures())
-            # Under DDP: rank 0's findings and figures read with every rank in view.
-            found = attached.recorder.revise_findings(found)
-            attached.recorder.revise_figures(figures)
-            report.findings.extend(ordered(merge_findings(found)))
-            for run in attached.recorder.runs:
-                run.figures.update(figures)
-                report.runs.append(run)
+            found, runs = attached.parts()
+            report.findings.extend(found)
+            report.runs.extend(runs)
         return report
 
 
@@ -279,14 +309,26 @@ def _tell(trainer: Any, method: str) -> None:
             getattr(callback, method)(now)
 
 
-def _safe_findings(diagnostic: Diagnostic, callback: Diagnosable) -> list[Finding]:
+def _nothing() -> None:
+    return None
+
+
+def _carried(carried: Any) -> tuple[list[Finding], list[RunSummary]]:
+    if isinstance(carried, tuple):
+        return carried
+    # rank 0 could not send its report: say so rather than report an empty fit
+    line = f"the spawned ranks' report could not come back to this process ({carried})"
+    return [Finding("doctor", "spawned-report-lost", line, severity="info")], []
+
+
+def _safe_findings(name: str, callback: Diagnosable) -> list[Finding]:
     # A diagnostic that fails must not hide the others' findings.
     try:
         return list(callback.doctor_findings())
     except Exception as err:  # pragma: no cover - defensive
         return [
             Finding(
-                diagnostic.name,
+                name,
                 "diagnostic-failed",
                 f"{type(err).__name__}: {err}",
                 severity="info",
