@@ -22,7 +22,7 @@ import runpy
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -232,7 +232,7 @@ class DoctorSession:
         trainer_type.fit = fit
         return original
 
-    def _carry(self, trainer: Any) -> Any:
+    def _carry(self, trainer: Any) -> Callable[[], None]:
         """Under a launcher that spawns the ranks, have rank 0's report sent back here."""
         running = callbacks_of(trainer)
         for attached in self._attached:

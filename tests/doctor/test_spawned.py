@@ -127,3 +127,58 @@ def test_the_hook_hub_pickles_into_a_hub_that_calls_its_members(tmp_path: Path) 
     assert [(m.batches, m.epochs) for m in members] == [(3, 1), (3, 1)]
     assert all(hub_of(m) is copy for m in members)
     assert [m.batches for m in hub.members] == [0, 0]  # the original is untouched
+
+
+class _Launcher:  # Lightning's _MultiProcessingLauncher, as far as the doctor touches it
+    def get_extra_results(self, trainer: Any) -> dict[str, Any]:
+        return {"callback_metrics_bytes": b"metrics"}
+
+    def update_main_process_results(self, trainer: Any, extra: dict[str, Any]) -> None:
+        self.extra = extra
+
+
+def _trainer(launcher: Any) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(strategy=SimpleNamespace(launcher=launcher))
+
+
+def test_a_report_that_cannot_be_sent_is_said_and_lightnings_results_still_arrive() -> None:
+    from lightning_speedpack.doctor.runner import _Attached, _carried
+    from lightning_speedpack.doctor.spawned import carry
+
+    def collect() -> Any:
+        raise RuntimeError("a figure that does not pickle")
+
+    launcher, got = _Launcher(), []
+    trainer = _trainer(launcher)
+    undo = carry(launcher, collect, got.append)
+    extra = pickle.loads(pickle.dumps(launcher.get_extra_results(trainer)))  # across processes
+    launcher.update_main_process_results(trainer, extra)
+    assert launcher.extra == {"callback_metrics_bytes": b"metrics"}  # Lightning's, untouched
+    (line,) = got
+    assert line == "RuntimeError: a figure that does not pickle"
+    attached = _Attached(recorder=None)  # type: ignore[arg-type]
+    attached.take(line)
+    (finding,), runs = attached.parts()
+    assert (finding.id, finding.severity, runs) == ("spawned-report-lost", "info", [])
+    assert "a figure that does not pickle" in finding.message
+    assert _carried(([], [])) == ([], [])
+    undo()
+    assert not {"get_extra_results", "update_main_process_results"} & set(vars(launcher))
+
+
+def test_carry_leaves_other_launchers_and_replaced_methods_alone() -> None:
+    from lightning_speedpack.doctor.spawned import carry
+
+    class Subprocess:  # Lightning's `ddp` launcher: the ranks re-run the script, nothing returns
+        pass
+
+    plain = Subprocess()
+    carry(plain, list, print)()
+    assert vars(plain) == {}
+    assert carry(None, list, print)() is None
+    launcher = _Launcher()
+    launcher.get_extra_results = lambda trainer: {}  # type: ignore[method-assign]  # someone's own
+    carry(launcher, list, print)
+    assert "update_main_process_results" not in vars(launcher)
