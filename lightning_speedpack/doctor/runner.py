@@ -234,11 +234,14 @@ class DoctorSession:
 
     def _carry(self, trainer: Any) -> Callable[[], None]:
         """Under a launcher that spawns the ranks, have rank 0's report sent back here."""
-        running = callbacks_of(trainer)
-        for attached in self._attached:
-            if any(c is attached.recorder for c in running):
-                launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
-                return carry(launcher, attached.parts, attached.take)
+        try:  # a strategy of the user's own may answer oddly: the fit goes on regardless
+            running = callbacks_of(trainer)
+            for attached in self._attached:
+                if any(c is attached.recorder for c in running):
+                    launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
+                    return carry(launcher, attached.parts, attached.take)
+        except Exception:
+            pass
         return _nothing
 
     def uninstall(self) -> None:

@@ -182,3 +182,20 @@ def test_carry_leaves_other_launchers_and_replaced_methods_alone() -> None:
     launcher.get_extra_results = lambda trainer: {}  # type: ignore[method-assign]  # someone's own
     carry(launcher, list, print)
     assert "update_main_process_results" not in vars(launcher)
+
+
+def test_a_strategy_that_fails_to_name_its_launcher_does_not_stop_the_fit() -> None:
+    from types import SimpleNamespace
+
+    from lightning_speedpack.doctor.runner import DoctorSession, _Attached
+
+    class Odd:  # a user's strategy whose launcher cannot be read before the fit
+        @property
+        def launcher(self) -> Any:
+            raise RuntimeError("launcher is set up in setup_environment")
+
+    session = DoctorSession()
+    recorder = object()
+    session._attached.append(_Attached(recorder=recorder))  # type: ignore[arg-type]
+    trainer = SimpleNamespace(strategy=Odd(), callbacks=[recorder])
+    assert session._carry(trainer)() is None
