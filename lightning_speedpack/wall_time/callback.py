@@ -182,6 +182,13 @@ class WallTimeLedger(Callback):
         }
         return dict(sorted(mine.items(), key=lambda kv: -kv[1]))
 
+    @property
+    def doctor_callbacks(self) -> frozenset[str]:
+        """The class names of the callbacks an owning HookHub (the doctor's) runs this fit."""
+        return frozenset(
+            type(member).__name__ for hub in self._hubs if hub.owns for member in hub.present
+        )
+
     def details(self) -> dict[tuple[str, str], float]:
         """Seconds per ``(key, detail)``, e.g. ``("callback:Mine", "on_train_batch_end")``."""
         return self._charged()[1]

@@ -131,6 +131,11 @@ class LedgerReadings(Protocol):
         """Seconds per callback's hooks."""
         ...
 
+    @property
+    def doctor_callbacks(self) -> frozenset[str]:
+        """The class names of the callbacks the doctor attached (not the user's own)."""
+        ...
+
     def details(self) -> dict[tuple[str, str], float]:
         """Seconds per ``(ledger key, detail)``."""
         ...
@@ -322,7 +327,7 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
             ((d, v) for (k, d), v in ledger.details().items() if k == f"callback:{name}"),
             key=lambda kv: -kv[1],
         )
-        top = ", ".join(f"{hook} {v:.1f} s" for hook, v in hooks[:3])
+        top = ", ".join(f"{hook} {_secs(v)}" for hook, v in hooks[:3])
         probe = dict(hooks).get(PROBE_HOOKS.get(name, ""), 0.0)
         if probe > 0.0:  # the probe apart; the other hooks judged on their own
             if probe / total > CALLBACK_SHARE / 2:
@@ -330,9 +335,12 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
             seconds -= probe
             share = seconds / total if total > 0 else 0.0
             hooks = [(hook, v) for hook, v in hooks if hook != PROBE_HOOKS[name]]
-            top = ", ".join(f"{hook} {v:.1f} s" for hook, v in hooks[:3])
+            top = ", ".join(f"{hook} {_secs(v)}" for hook, v in hooks[:3])
             if share <= CALLBACK_SHARE:
                 continue
+        if name in ledger.doctor_callbacks and name not in TRIAL_CALLBACKS:
+            out.append(_doctor_cost_finding(name, share, seconds, top))
+            continue
         if name in TRIAL_CALLBACKS:  # asked for: trials once per fit, not a per-step cost
             out.append(
                 _finding(
@@ -352,7 +360,7 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
             _finding(
                 "callback-time",
                 f"the hooks of callback {name} took {share:.0%} of the wall time "
-                f"({seconds:.1f} s: {top})",
+                f"({_secs(seconds)}: {top})",
                 share,
                 seconds,
                 f"make {name}'s hooks cheaper (run its work every N steps, or off the training "
@@ -440,6 +448,29 @@ _PACK_DIR = str(Path(__file__).resolve().parents[1])
 
 def _users(path: str) -> bool:
     return not (is_library_file(path) or path.startswith(_PACK_DIR))
+
+
+def _doctor_cost_finding(name: str, share: float, seconds: float, top: str) -> Finding:
+    """What a callback the doctor attached cost: its measuring, not the job's (info).
+
+    Mostly fixed costs (its start and end of training), which a short fit weighs more; the job
+    run without the doctor does not pay them, so this is not the job's slow callback.
+    """
+    return _finding(
+        "callback-time",
+        f"the doctor's own {name} took {share:.0%} of the wall time ({_secs(seconds)}: {top}): "
+        "the cost of measuring, which the job run without the doctor does not pay",
+        share,
+        seconds,
+        "nothing to change in the job; a longer fit makes it a smaller share, and "
+        "`speedpack doctor --only` leaves a diagnostic out",
+        severity="info",
+        callback=name,
+    )
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1e3:.0f} ms"
 
 
 def _probe_finding(name: str, seconds: float, total: float) -> Finding:

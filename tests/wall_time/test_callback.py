@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -429,3 +430,33 @@ def test_the_xrays_probe_asked_for_is_info_not_a_slow_callback(tmp_path: Path) -
     assert "--deep" in info.message
     # Its other hooks may still be judged (on a loaded machine, a 4-step fit), the probe never.
     assert all("on_train_start" not in f.message for f in mine if f.severity == "warning")
+
+
+def test_a_callback_the_doctor_attached_is_its_measuring_cost_not_the_jobs(
+    tmp_path: Path,
+) -> None:
+    # A short fit under the doctor (the 2-rank `ddp_fork` job of tests/doctor/test_spawned.py)
+    # read "the hooks of callback SyncPointWarnings took 6% of the wall time (0.0 s: ...)" as a
+    # warning: the doctor blaming its own start and end of training on the job.
+    from lightning_speedpack.core.hook_hub import HookHub
+
+    ns = load("pytorch_lightning")
+
+    class EndsSlowly(ns.Callback):  # type: ignore[misc, name-defined]
+        def on_train_start(self, *args: Any) -> None:
+            time.sleep(NAP)
+
+        def on_train_end(self, *args: Any) -> None:
+            time.sleep(5 * NAP)
+
+    kw = {"max_steps": 4, "limit_val_batches": 0}
+    attached = HookHub([EndsSlowly()], owns=True)  # as the doctor attaches its own
+    ledger, _, _ = _fit(ns, tmp_path / "doctor", _model(ns.name)(), [attached], **kw)
+    (own,) = [f for f in ledger.doctor_findings() if f.id == "callback-time"]
+    assert own.severity == "info"
+    assert own.message.startswith("the doctor's own EndsSlowly took ")
+    assert re.search(r"on_train_start \d+ ms", own.message)  # not "0.0 s"
+    ledger, _, _ = _fit(ns, tmp_path / "user", _model(ns.name)(), [EndsSlowly()], **kw)
+    (users,) = [f for f in ledger.doctor_findings() if f.id == "callback-time"]
+    assert users.severity == "warning"  # the user's own callback stays the job's
+    assert users.message.startswith("the hooks of callback EndsSlowly took ")
