@@ -11,7 +11,9 @@ step.
 
 from __future__ import annotations
 
-__all__ = ["SCHEDSTAT", "thread_cpu_wait_s"]
+import os
+
+__all__ = ["SCHEDSTAT", "thread_cpu_wait_s", "usable_cores"]
 
 #: The calling thread's scheduler statistics: time on a CPU, time waiting for one, timeslices.
 SCHEDSTAT = "/proc/thread-self/schedstat"
@@ -33,3 +35,15 @@ def thread_cpu_wait_s(path: str = SCHEDSTAT) -> float | None:
         return int(fields[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return None
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity where the OS says, else the machine's).
+
+    Example:
+        >>> usable_cores() >= 1
+        True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)

@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from lightning_utilities.core.rank_zero import rank_zero_info
 
+from lightning_speedpack.core.cpu_wait import usable_cores
+
 __all__ = ["SpeedpackDDPMixin", "available_cpu_cores", "cpu_threads_per_rank"]
 
 
 def available_cpu_cores() -> int:
     """Return the CPU cores this process may run on (its affinity set, else ``os.cpu_count``)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 def cpu_threads_per_rank(cores: int, local_world_size: int) -> int:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-import psutil
 from typing_extensions import override
 
 from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
+from lightning_speedpack.core.cpu_wait import usable_cores
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.hook_hub import HookHub, callbacks_of
 from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, TRAIN_STEP_HOOKS, overrides
@@ -184,10 +184,8 @@ class WallTimeLedger(Callback):
 
     @property
     def doctor_callbacks(self) -> frozenset[str]:
-        """The class names of the callbacks an owning HookHub (the doctor's) runs this fit."""
-        return frozenset(
-            type(member).__name__ for hub in self._hubs if hub.owns for member in hub.present
-        )
+        """The class names of the callbacks the doctor's HookHub runs (not the user's own)."""
+        return frozenset(type(m).__name__ for hub in self._hubs if hub.owns for m in hub.present)
 
     def details(self) -> dict[tuple[str, str], float]:
         """Seconds per ``(key, detail)``, e.g. ``("callback:Mine", "on_train_batch_end")``."""
@@ -251,7 +249,7 @@ class WallTimeLedger(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.settings = RunSettings.read(trainer, cores=_cores())
+        self.settings = RunSettings.read(trainer, cores=usable_cores())
 
     @override
     def on_train_batch_end(
@@ -592,12 +590,6 @@ def _callback_key(callback: Any) -> str:
 def _key_from_state(state_key: str) -> str:
     # A callback added after setup: its state key starts with its class's qualified name.
     return CALLBACK_PREFIX + state_key.partition("{")[0].rpartition(".")[2]
-
-
-def _cores() -> int:
-    with suppress(AttributeError, NotImplementedError, psutil.Error):
-        return max(1, len(psutil.Process().cpu_affinity() or []))
-    return max(1, psutil.cpu_count() or 1)
 
 
 def _doctor_factory(ctx: Any) -> WallTimeLedger:
