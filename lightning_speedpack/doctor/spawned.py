@@ -13,7 +13,8 @@ extra results, and in the calling process the second takes it out before Lightni
 reads the rest. Lightning's methods run as they would (a subclass's included); the attributes go
 when ``fit`` returns, and the job's own results are untouched.
 
-Exercised on CPU processes (gloo) with the ``spawn`` start method; ``fork`` shares the same path.
+Exercised on two CPU ranks (gloo) with the ``spawn`` and ``fork`` start methods, on
+pytorch-lightning 2.5.0 and 2.6.6 (``tests/doctor/test_spawned.py``); not on GPUs.
 """
 
 from __future__ import annotations
