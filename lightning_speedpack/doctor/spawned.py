@@ -55,8 +55,9 @@ class _Send:
 class _Take:
     """The launcher's ``update_main_process_results`` in the calling process.
 
-    Takes the doctor's part out of the extra results, hands it to ``take`` (the unpickled
-    object, or a line saying why rank 0 could not send it), then calls Lightning's method.
+    Takes the doctor's part out of the extra results, calls Lightning's method with the rest,
+    then hands the part to ``take`` (the unpickled object, or a line saying why rank 0 could not
+    send it).
     """
 
     def __init__(self, take: Callable[[Any], None]) -> None:
