@@ -40,7 +40,7 @@ from lightning_speedpack.core.registry import (
 from lightning_speedpack.core.tables import merge_findings
 from lightning_speedpack.doctor.recorder import RunRecorder
 from lightning_speedpack.doctor.report import Finding, Report, RunSummary, ordered
-from lightning_speedpack.doctor.spawned import carry
+from lightning_speedpack.doctor.spawned import carry, nothing_to_undo
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -242,7 +242,7 @@ class DoctorSession:
                     return carry(launcher, attached.parts, attached.take)
         except Exception:
             pass
-        return _nothing
+        return nothing_to_undo
 
     def uninstall(self) -> None:
         """Restore every wrapped ``Trainer.__init__`` and ``Trainer.fit`` (idempotent)."""
@@ -310,10 +310,6 @@ def _tell(trainer: Any, method: str) -> None:
     for callback in callbacks_of(trainer):
         if isinstance(callback, WallTimeLedger):
             getattr(callback, method)(now)
-
-
-def _nothing() -> None:
-    return None
 
 
 def _carried(carried: Any) -> tuple[list[Finding], list[RunSummary]]:

@@ -23,7 +23,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["KEY", "carry"]
+__all__ = ["KEY", "carry", "nothing_to_undo"]
 
 #: The key of the doctor's part of the launcher's extra results.
 KEY = "speedpack_doctor"
@@ -100,9 +100,9 @@ def carry(
     """
     names = (_SEND, _TAKE)
     if launcher is None or not all(callable(getattr(launcher, n, None)) for n in names):
-        return _nothing
+        return nothing_to_undo
     if any(n in vars(launcher) for n in names):
-        return _nothing
+        return nothing_to_undo
     setattr(launcher, _SEND, _Send(collect))
     setattr(launcher, _TAKE, _Take(take))
 
@@ -113,5 +113,5 @@ def carry(
     return undo
 
 
-def _nothing() -> None:
-    return None
+def nothing_to_undo() -> None:
+    """The undo of a :func:`carry` that changed nothing."""

@@ -318,6 +318,7 @@ PROBE_HOOKS = {"DataPipelineProfiler": "on_train_start"}
 
 def _callbacks(ledger: LedgerReadings) -> list[Finding]:
     total = ledger.total_s
+    own = ledger.doctor_callbacks
     out = []
     for name, seconds in ledger.callback_seconds().items():
         share = seconds / total if total > 0 else 0.0
@@ -338,7 +339,7 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
             top = ", ".join(f"{hook} {_secs(v)}" for hook, v in hooks[:3])
             if share <= CALLBACK_SHARE:
                 continue
-        if name in ledger.doctor_callbacks and name not in TRIAL_CALLBACKS:
+        if name in own and name not in TRIAL_CALLBACKS:
             out.append(_doctor_cost_finding(name, share, seconds, top))
             continue
         if name in TRIAL_CALLBACKS:  # asked for: trials once per fit, not a per-step cost

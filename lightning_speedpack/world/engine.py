@@ -9,9 +9,9 @@ no process group, no Lightning. The model of a DDP step behind them:
 - a rank's *wait* is what it spent in ``backward`` beyond the rank that spent least there
   (that rank arrived last and waited for nobody); when a diagnostic publishes the time spent
   waiting for the all-reduce (``comm_wait_ms``, else ``comm_ms_per_step``) on every rank, that
-  is used instead, the same way; either with the part of the gap before its fetch
-  (``start_wait_ms``), where Lightning's per-batch broadcast holds the ranks for a rank 0 still
-  busy after the last all-reduce;
+  is used instead, the same way; either with the time in Lightning's per-batch broadcast
+  before the fetch (``start_wait_ms``), where the ranks wait for a rank 0 still busy after the
+  last all-reduce;
 - a rank's *own* time is its cycle less its wait: the data wait, the step's compute, the
   hooks. The rank whose own time is largest is the one the others wait for.
 

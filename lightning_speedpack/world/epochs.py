@@ -67,8 +67,7 @@ def slowest_by_epoch(
 
     ``epochs`` holds each rank's per-epoch clock rows (epoch, batches, span s, gap s, gaps,
     backward s, CPU wait s, start s; :meth:`~lightning_speedpack.world.payload.StepClock.figures`).
-    An
-    epoch whose slowest rank was kept off the CPU (its extra wait for one is
+    An epoch whose slowest rank was kept off the CPU (its extra wait for one is
     :data:`~lightning_speedpack.world.engine.CPU_WAIT_SHARE` of its excess or more) is left
     out: that is its host's doing, not the data's.
 

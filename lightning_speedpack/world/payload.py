@@ -216,7 +216,7 @@ class StepClock:
     _epoch_cpu_wait: float | None = None
     tally: BatchTally = field(default_factory=BatchTally)
     _gap: float = 0.0  # this batch's gap (0 for an epoch's first)
-    _start_wait: float = 0.0  # the part of it before the fetch began
+    _start_wait: float = 0.0  # the broadcast's part of it
     _backward_s: float = 0.0  # this batch's backward so far
     _broadcast: float = 0.0  # the broadcast's seconds before this batch, if told
 
