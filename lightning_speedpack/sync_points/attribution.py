@@ -269,6 +269,52 @@ def _pyg_fix(kind: str, location: str, calls: Sequence[str]) -> str:
     )
 
 
+_HF_MASK_CHECKS = (
+    "_prepare_4d_attention_mask_for_sdpa",
+    "_prepare_4d_causal_attention_mask_for_sdpa",
+    "_ignore_causal_mask_sdpa",
+)
+
+
+def _transformers_fix(kind: str, calls: Sequence[str]) -> str:
+    """Hugging Face transformers' own remedy for a sync inside a model's forward.
+
+    The syncs a plain ``model(input_ids=..., labels=...)`` makes in transformers 4.5x (seen on
+    BERT, GPT-2 and Llama): a look for padding when no mask was given, and the SDPA path's
+    check whether the mask hides anything. Both are skipped while ``torch.compile`` traces
+    (``is_torchdynamo_compiling()``), which then always applies the mask.
+    """
+    names = [c.rsplit(".", 1)[-1] for c in calls]
+    if "warn_if_padding_and_no_attention_mask" in names:
+        return (
+            "transformers looks for padding in input_ids on every forward because no "
+            "attention_mask was passed (warn_if_padding_and_no_attention_mask reads "
+            "`pad_token_id in input_ids`): pass the tokenizer's attention_mask= with the input_ids"
+        )
+    if "_ignore_causal_mask_sdpa" in names:
+        return (
+            "transformers checks on every forward whether the padding mask hides any token "
+            "(_ignore_causal_mask_sdpa: padding_mask.all()), so that SDPA can use is_causal: "
+            "batches that are never padded can leave attention_mask=None (no check); otherwise "
+            "torch.compile(model) skips it (the mask is then always applied)"
+        )
+    check = next((n for n in names if n in _HF_MASK_CHECKS), None)
+    if check is not None:
+        return (
+            "transformers checks on every forward whether the attention mask is all ones "
+            f"({check}: torch.all(mask == 1)), even a mask it built itself, to leave it out of "
+            "SDPA: torch.compile(model) skips the check (the mask is then always applied); "
+            "otherwise it is one small sync a forward, worth removing only when steps are short"
+        )
+    outer = calls[0] if calls else "this call"
+    return (
+        f"Hugging Face transformers syncs inside {outer} ({kind}) on every call, most often "
+        "checking an input it was not given (a mask, padding, a size): the line inside "
+        "transformers shows which; pass that input explicitly, or call it outside the "
+        "training step when it is not the model's forward"
+    )
+
+
 def library_fix(library: str, kind: str, location: str = "", calls: Sequence[str] = ()) -> str:
     """The setting behind a sync inside ``library``.
 
@@ -292,7 +338,9 @@ def library_fix(library: str, kind: str, location: str = "", calls: Sequence[str
             "step): call `self.metric.update(preds, target)` in the step and log the metric "
             "object with on_step=False, on_epoch=True, so it is computed once per epoch"
         )
-    if library in ("transformers", "datasets", "accelerate"):
+    if library == "transformers":
+        return _transformers_fix(kind, calls)
+    if library in ("datasets", "accelerate"):
         return (
             f"Hugging Face {library} syncs inside this call ({kind}); call it every N steps or "
             "outside the training step"

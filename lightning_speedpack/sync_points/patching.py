@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 import torch
+from torch.optim import optimizer as _torch_optimizer
 
 from lightning_speedpack.sync_points.findings import CPU_TO_CPU
 
@@ -82,6 +83,22 @@ def _self_test(kind: str) -> Test:
         return kind if args and _counted(st, args[0]) else None
 
     return test
+
+
+def _item_test(st: Watcher, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """``.item()``, less an optimizer's step counter read on the CPU.
+
+    torch's optimizers (Adam, AdamW, ...) keep their ``step`` counters on the CPU whatever the
+    device (unless ``capturable`` or ``fused``) and read them with ``.item()`` in
+    ``torch.optim.optimizer._get_value``: on a GPU that is no sync, so a CPU run that counts
+    CPU tensors as device tensors (``include_cpu``) leaves those reads out too.
+    """
+    t = args[0] if args else None
+    if not _counted(st, t):
+        return None
+    if t.is_cpu and sys._getframe(2).f_code is _OPTIMIZER_GET_VALUE:  # 1: the wrapper
+        return None
+    return "item"
 
 
 def _first_arg_test(kind: str) -> Test:
@@ -208,7 +225,7 @@ def patch_specs() -> list[tuple[Any, str, Test]]:
     """(owner, attribute, test) for everything the detector replaces."""
     t = torch.Tensor
     specs: list[tuple[Any, str, Test]] = [
-        (t, "item", _self_test("item")),
+        (t, "item", _item_test),
         (t, "tolist", _self_test("tolist")),
         (t, "numpy", _self_test("numpy")),
         (t, "__array__", _self_test("numpy")),
@@ -284,6 +301,8 @@ def set_indexing(saved: Saved, watched: bool) -> None:
 
 
 _MISSING = object()
+# The helper through which torch's optimizers read their CPU step counters (None if renamed).
+_OPTIMIZER_GET_VALUE = getattr(getattr(_torch_optimizer, "_get_value", None), "__code__", None)
 # DataLoader code indexes tensors once per sample: outside the step proper (between the end
 # of one batch and the start of the next) these wrappers return at once.
 _INDEXING = frozenset({"__getitem__", "__setitem__"})

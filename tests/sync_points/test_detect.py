@@ -144,6 +144,24 @@ def test_non_syncs_are_not_reported(clean_state: None) -> None:
     assert det.findings() == []
 
 
+def adam_steps(p: torch.nn.Parameter, foreach: bool) -> None:
+    opt = torch.optim.AdamW([p], lr=0.1, foreach=foreach)
+    for _ in range(2):
+        p.grad = torch.ones_like(p)
+        opt.step()  # reads its CPU step counter with .item(): no sync on any device
+    float(p.sum().item())  # sync: item
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["for-loop", "foreach"])
+def test_an_optimizers_cpu_step_counter_is_not_a_sync(clean_state: None, foreach: bool) -> None:
+    """Adam keeps ``step`` on the CPU on a GPU too: counting CPU tensors must not count it."""
+    p = torch.nn.Parameter(torch.randn(4))
+    det = _watch(lambda: adam_steps(p, foreach), include_cpu=True)
+    assert [(f.kind, f.lineno) for f in det.findings()] == [
+        ("item", marked_lines(adam_steps)["item"])
+    ]
+
+
 def test_nested_sync_counts_once_at_the_outermost_call(clean_state: None, capsys: Any) -> None:
     t = torch.tensor(1.5)
     det = _watch(lambda: print(t), include_cpu=True)  # __repr__ calls item() internally
