@@ -80,6 +80,7 @@ CASES: dict[str, Case] = {
     "stalls": Case("world/stalls", rank=1, part="training step"),
     "stalls-callback": Case("world/stalls", rank=0, part="callbacks"),
     "slow-callback": Case("world/straggler", rank=0, part="callbacks"),
+    "same-stream": Case("world/same-batches"),
     "clean": Case(None),
     "clean-sync-epoch": Case(None),
 }

@@ -42,6 +42,9 @@ and nothing of the pack's. ``Trainer(accelerator="cpu", devices=2, strategy="ddp
   (``@rank_zero_only``), every 16 batches from batch 8: 150 ms in its ``on_train_batch_end``.
 - ``slow-callback``: that callback on rank 0 in every batch, 30 ms: after the all-reduce, so
   rank 1 waits for it in Lightning's broadcast at the start of its next batch.
+- ``same-stream``: the data as an ``IterableDataset`` that yields every sample on every rank
+  (not sharded by rank, which Lightning does not do for a stream): both ranks train on the same
+  512 samples an epoch, in the same order, 64 batches each.
 
 ``--wall-out PATH`` (rank 0 only) writes the wall seconds of ``trainer.fit`` (``perf_counter``
 around the call; with Lightning's launcher it includes starting rank 1) and of the training loop
@@ -72,7 +75,7 @@ import torch.distributed as dist
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.utilities import rank_zero_only
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 DIM = 64
 WIDTH = 256
@@ -100,6 +103,7 @@ CASES = (
     "stalls",
     "stalls-callback",
     "slow-callback",
+    "same-stream",
 )
 #: ``stalls``: rank 1's step sleeps this long in these batches of each epoch (rank-local work
 #: now and then: a plot written, a file flushed), and is as fast as rank 0 in the others.
@@ -163,6 +167,16 @@ class Synthetic(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             if slow:
                 time.sleep(self.sleep)
         return self.x[index], self.y[index]
+
+
+class Stream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``Synthetic``'s samples as a stream, in order, on every rank alike (not sharded)."""
+
+    def __init__(self, n: int) -> None:
+        self.data = Synthetic(n)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return (self.data[i] for i in range(len(self.data)))
 
 
 class RankZeroPlots(Callback):
@@ -323,6 +337,8 @@ class MLP(LightningModule):
             sizes = (SAMPLES // 2, SAMPLES // 2 + 8 * BATCH)
             data = Synthetic(sum(sizes))
             return DataLoader(data, batch_size=BATCH, sampler=UnevenSampler(sizes))
+        if case == "same-stream":
+            return DataLoader(Stream(SAMPLES), batch_size=BATCH)
         return DataLoader(Synthetic(SAMPLES), batch_size=BATCH, shuffle=True)
 
 

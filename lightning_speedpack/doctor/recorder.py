@@ -31,6 +31,7 @@ from lightning_speedpack.world.payload import (
     scalar_figures,
 )
 from lightning_speedpack.world.revise import revise_figures, revise_findings
+from lightning_speedpack.world.same_batches import BATCHES, BatchPrints, data_parallel
 from lightning_speedpack.world.table import logged_table
 
 if TYPE_CHECKING:
@@ -102,9 +103,10 @@ class RunRecorder(Callback):
         self._clock = StepClock()
         self._cpu_wait: float | None = None  # the fit thread's run-queue delay at fit start
         self._timed_loop: Any = None  # the epoch loop whose broadcast it times (DDP)
+        self._prints: BatchPrints | None = None  # the first batches of each epoch (DDP)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_watched": None, "_timed_loop": None}
+        return {**self.__dict__, "_watched": None, "_timed_loop": None, "_prints": None}
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -116,6 +118,8 @@ class RunRecorder(Callback):
         if trainer.world_size > 1 and loop is not None and _time_broadcast(loop, self._clock):
             self._timed_loop = loop
         self._sizer = BatchSizer(logged=watch(pl_module))
+        parallel = trainer.world_size > 1 and data_parallel(trainer.strategy)
+        self._prints = BatchPrints() if parallel else None
         self._cpu_wait = thread_cpu_wait_s()
         self._start = time.perf_counter()
 
@@ -140,6 +144,11 @@ class RunRecorder(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._clock.batch_start(time.perf_counter())
+        prints = self._prints
+        if prints is not None and batch_idx < BATCHES:  # DDP, the first batches of an epoch
+            epoch = trainer.current_epoch
+            if prints.wants(epoch, batch_idx):
+                prints.take(epoch, batch_idx, batch)
 
     @override
     def on_before_backward(
@@ -216,6 +225,7 @@ class RunRecorder(Callback):
             "sample_unit": self._sizer.unit,
             "clock": self._clock.figures(),
             "cpu_wait_s": self._cpu_wait_s(),
+            "batch_prints": self._prints.digests() if self._prints is not None else {},
             "figures": figures,
             "findings": finding_items(found),
         }

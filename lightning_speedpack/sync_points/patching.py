@@ -94,7 +94,7 @@ def _item_test(st: Watcher, args: tuple[Any, ...], kwargs: dict[str, Any]) -> st
     CPU tensors as device tensors (``include_cpu``) leaves those reads out too.
     """
     t = args[0] if args else None
-    if not _counted(st, t):
+    if t is None or not _counted(st, t):
         return None
     if t.is_cpu and sys._getframe(2).f_code is _OPTIMIZER_GET_VALUE:  # 1: the wrapper
         return None

@@ -22,6 +22,7 @@ from lightning_speedpack.world.epochs import (
     moving_straggler,
     slowest_by_epoch,
 )
+from lightning_speedpack.world.same_batches import find_same_batches
 from lightning_speedpack.world.stalls import find_stalls, rank_stalls
 
 __all__ = ["world_figures"]
@@ -36,7 +37,7 @@ def world_figures(
 
     Keys: ``ranks`` (a row per rank, :func:`world_rows`), ``missing`` (a line per rank that did
     not answer), ``world_size``, ``spread`` (max/min per numeric column), ``straggler``,
-    ``imbalance`` and ``stalls`` (None when there is none), ``slowest_by_epoch``,
+    ``imbalance``, ``stalls`` and ``same_batches`` (None when there is none), ``slowest_by_epoch``,
     ``findings_by_rank`` (each rank's findings in short, for the per-rank verdicts).
     """
     rows = world_rows(payloads)
@@ -56,6 +57,7 @@ def world_figures(
         least = CONFIRM_FRACTION * 1000.0 * stalls.excess_s / stalls.batches
         mark_waiting_for(rows, stalls.rank, least, " (its stalls)")
     imbalance = find_imbalance(rows, epochs=epochs)
+    prints = {r: p["batch_prints"] for r, p in payloads.items() if p.get("batch_prints")}
     numeric = [k for k in ROW_KEYS if k not in ("rank", "node", "local_rank") and spread(rows, k)]
     return {
         "world_size": world_size if world_size is not None else len(rows) + len(missing),
@@ -65,6 +67,8 @@ def world_figures(
         "straggler": straggler.to_dict() if straggler is not None else None,
         "imbalance": imbalance.to_dict() if imbalance is not None else None,
         "stalls": stalls.to_dict() if stalls is not None else None,
+        # ranks that trained on the same batches (None: each its own, or not compared)
+        "same_batches": find_same_batches(prints) if len(prints) == len(payloads) else None,
         "slowest_by_epoch": by_epoch,
         "findings_by_rank": [
             [rank, list(payloads[rank].get("findings") or [])] for rank in sorted(payloads)

@@ -1,4 +1,4 @@
-"""The world's figures as findings: the straggler, a rank's stalls, uneven ranks, missing ranks.
+"""The world's figures as findings: the straggler, stalls, uneven or repeated ranks, missing ranks.
 
 Plain functions over ``figures["world"]`` (:func:`~lightning_speedpack.world.engine.world_figures`).
 Each finding names the rank and the cause, its share of the wall time (``wall_fraction``, what
@@ -12,6 +12,7 @@ from typing import Any
 
 from lightning_speedpack.core.findings import Finding, Severity
 from lightning_speedpack.world.engine import CPU_WAIT, IN_ALL_REDUCE
+from lightning_speedpack.world.same_batches import same_batches_finding
 from lightning_speedpack.world.stalls import STALL_FACTOR
 
 __all__ = [
@@ -359,7 +360,7 @@ def missing_finding(missing: Sequence[str], world_size: int) -> Finding:
 
 
 def world_findings(world: Mapping[str, Any]) -> list[Finding]:
-    """The straggler, the stalls, the imbalance and the missing ranks, in that order."""
+    """The straggler, stalls, imbalance, ranks that repeated each other, missing ranks, in order."""
     out = []
     straggler = world.get("straggler")
     if straggler:
@@ -370,6 +371,9 @@ def world_findings(world: Mapping[str, Any]) -> list[Finding]:
     imbalance = world.get("imbalance")
     if imbalance:
         out.append(imbalance_finding(imbalance, straggler))
+    same = world.get("same_batches")
+    if same:
+        out.append(same_batches_finding(same))
     missing = world.get("missing") or []
     if missing:
         out.append(missing_finding(missing, int(world.get("world_size") or 0)))

@@ -3,8 +3,9 @@
 A rank's *payload* is a small JSON object: who it is (rank, host, node, local rank), what it
 trained on (wall time, samples, batches, batch sizes), its own step clock (:class:`StepClock`:
 the time between batches, inside a batch and inside backward, per epoch too), every scalar
-figure its diagnostics publish (:func:`scalar_figures`, whichever diagnostics are attached) and
-its findings in short. :func:`gather_world` brings every rank's payload to rank 0 in one bounded
+figure its diagnostics publish (:func:`scalar_figures`, whichever diagnostics are attached), the
+digests of its first batches (:mod:`~lightning_speedpack.world.same_batches`) and its findings in
+short. :func:`gather_world` brings every rank's payload to rank 0 in one bounded
 exchange (:func:`~lightning_speedpack.core.collectives.bounded_gather_bytes`), once per fit: no
 rank waits in it for any other but rank 0, and rank 0 for no rank longer than
 :func:`gather_timeout`. Nothing here runs inside the training step.

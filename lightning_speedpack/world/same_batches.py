@@ -1,0 +1,194 @@
+"""``world/same-batches``: ranks that trained on the same batches, so the data was not split.
+
+Lightning splits a map-style dataset between the ranks with a ``DistributedSampler``. An
+``IterableDataset`` it leaves alone, and so it does a loader given ``use_distributed_sampler=False``
+and a sampler of the user's: then every rank reads the same samples in the same order. Nothing
+fails and Lightning does not warn (2.6.6), but N ranks do the work of one: each epoch takes as
+long as on one rank, and the gradient all-reduce averages N copies of one gradient. The same
+happens across nodes to a stream sharded by ``LOCAL_RANK`` instead of the global rank.
+
+Each rank keeps a print of its first :data:`BATCHES` training batches in each of its first
+:data:`EPOCHS` epochs (:class:`BatchPrints`): up to :data:`TENSORS` tensors a batch, each its
+shape, dtype and :data:`SAMPLED` elements spread over it, cloned where the batch is (no
+host-device sync during the fit). The prints are read once, at the end of the fit, into short
+digests that travel in the rank's payload (the only copies to the host). Rank 0 groups the ranks
+whose digests agree on every batch both kept (:func:`find_same_batches`); a group of ranks whose
+own batches were all alike (constant data) tells nothing and is passed over.
+
+The prints of CUDA batches (kept on the GPU, copied at fit end) were exercised on the CPU only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.nested import leaves
+
+__all__ = [
+    "BATCHES",
+    "EPOCHS",
+    "BatchPrints",
+    "data_parallel",
+    "find_same_batches",
+    "same_batches_finding",
+]
+
+#: The batches printed at the start of each epoch, and the epochs printed.
+BATCHES = 2
+EPOCHS = 4
+#: The tensors printed in a batch, and the elements kept of each (spread over it).
+TENSORS = 4
+SAMPLED = 64
+
+_FIX = (
+    "split the data by the global rank: a map-style Dataset gets Lightning's DistributedSampler "
+    "(use_distributed_sampler=True, the default, with no sampler of your own); an "
+    "IterableDataset must shard itself in __iter__ by the global rank (trainer.global_rank, or "
+    "torch.distributed.get_rank() and get_world_size(); with workers, get_worker_info() too), "
+    "not by LOCAL_RANK; with use_distributed_sampler=False give each rank "
+    "DistributedSampler(dataset, num_replicas=world_size, rank=global_rank)"
+)
+
+
+def data_parallel(strategy: Any) -> bool:
+    """Whether each rank of ``strategy`` should see its own data (not a tensor-parallel mesh).
+
+    Lightning's ``ModelParallelStrategy`` gives the ranks of one tensor-parallel group the same
+    batches on purpose; every other multi-process strategy (DDP, FSDP, DeepSpeed) splits them.
+
+    Example:
+        >>> class ModelParallelStrategy: ...
+        >>> data_parallel(ModelParallelStrategy()), data_parallel(object())
+        (False, True)
+    """
+    return not any(c.__name__ == "ModelParallelStrategy" for c in type(strategy).__mro__)
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach()
+    flat = flat.view(-1) if flat.is_contiguous() else flat[:1].contiguous().view(-1)
+    step = max(1, flat.numel() // SAMPLED)
+    return flat[::step][:SAMPLED].clone()  # where the batch is: no copy to the host yet
+
+
+class BatchPrints:
+    """A print of the first batches of each epoch, digested at the end of the fit.
+
+    Example:
+        >>> prints = BatchPrints()
+        >>> for epoch in range(2):
+        ...     for i in range(3):
+        ...         if prints.wants(epoch, i):
+        ...             prints.take(epoch, i, {"x": torch.full((4, 2), float(i))})
+        >>> digests = prints.digests()
+        >>> sorted(digests), digests["0:0"] == digests["1:0"] != digests["0:1"]
+        (['0:0', '0:1', '1:0', '1:1'], True)
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[str, list[tuple[str, torch.Tensor]]] = {}
+
+    def wants(self, epoch: int, batch_idx: int) -> bool:
+        """Whether the batch ``batch_idx`` of ``epoch`` is one to print."""
+        return batch_idx < BATCHES and epoch < EPOCHS
+
+    def take(self, epoch: int, batch_idx: int, batch: Any) -> None:
+        """Keep the print of ``batch`` (its tensors' shapes, dtypes and sampled elements)."""
+        tensors = [
+            t
+            for t in leaves(batch, torch.Tensor)
+            if t.layout == torch.strided and not t.is_meta and t.numel()
+        ]
+        self._kept[f"{epoch}:{batch_idx}"] = [
+            (f"{tuple(t.shape)}{t.dtype}", _sample(t)) for t in tensors[:TENSORS]
+        ]
+
+    def digests(self) -> dict[str, str]:
+        """``{"epoch:batch": digest}``: the prints read to the host (once, at the end of fit)."""
+        out = {}
+        for key, parts in self._kept.items():
+            digest = hashlib.blake2b(digest_size=8)
+            for meta, sample in parts:
+                digest.update(meta.encode())
+                digest.update(sample.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+            out[key] = digest.hexdigest()
+        return out
+
+
+def _order(key: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in key.split(":"))
+
+
+def find_same_batches(prints: Mapping[int, Mapping[str, str]]) -> dict[str, Any] | None:
+    """The groups of ranks that trained on the same batches (None: every rank its own).
+
+    ``prints``: each rank's :meth:`BatchPrints.digests`. Only the batches every rank printed
+    are compared, at least two of them; a group whose batches were all alike is passed over.
+
+    Example:
+        >>> a, b = {"0:0": "x", "0:1": "y"}, {"0:0": "z", "0:1": "w"}
+        >>> find_same_batches({0: a, 1: a, 2: b, 3: b})
+        {'groups': [[0, 1], [2, 3]], 'world': 4, 'batches': 2, 'distinct': 2}
+        >>> find_same_batches({0: a, 1: b}) is None
+        True
+    """
+    ranks = sorted(prints)
+    if len(ranks) < 2:
+        return None
+    common = sorted(set.intersection(*(set(prints[r]) for r in ranks)), key=_order)
+    if len(common) < 2:
+        return None
+    by_print: dict[tuple[str, ...], list[int]] = {}
+    for rank in ranks:
+        by_print.setdefault(tuple(prints[rank][k] for k in common), []).append(rank)
+    groups = [g for p, g in by_print.items() if len(g) > 1 and len(set(p)) > 1]
+    if not groups:
+        return None
+    distinct = len(by_print)
+    return {"groups": groups, "world": len(ranks), "batches": len(common), "distinct": distinct}
+
+
+def _ranks(group: list[int]) -> str:
+    return ", ".join(str(r) for r in group[:-1]) + f" and {group[-1]}"
+
+
+def same_batches_finding(same: Mapping[str, Any]) -> Finding:
+    """The ``world/same-batches`` warning, its share the work the repeated ranks did again.
+
+    Example:
+        >>> f = same_batches_finding({"groups": [[0, 1]], "world": 2, "batches": 8,
+        ...                           "distinct": 1})
+        >>> print(f.message)
+        every rank trained on the same batches (the first 2 of each epoch compared, 8 in all: \
+the same on ranks 0 and 1): the data was not split between the ranks, so each one repeated the \
+others' work: 2 ranks trained on the samples of 1
+        >>> f.figures["wall_fraction"]
+        0.5
+    """
+    groups = [list(g) for g in same["groups"]]
+    world, distinct = int(same["world"]), int(same["distinct"])
+    listed = "; ".join(f"ranks {_ranks(g)}" for g in groups)
+    compared = (
+        f"the first {BATCHES} of each epoch compared, {same['batches']} in all: "
+        f"the same on {listed}"
+    )
+    who = "every rank" if len(groups) == 1 and len(groups[0]) == world else "some ranks"
+    message = (
+        f"{who} trained on the same batches ({compared}): the data was not split between the "
+        f"ranks, so each one repeated the others' work: {world} ranks trained on the samples "
+        f"of {distinct}"
+    )
+    return Finding(
+        "world",
+        "same-batches",
+        message,
+        location="train_dataloader",
+        figures={"wall_fraction": round(1.0 - distinct / world, 4), "groups": groups},
+        severity="warning",
+        fix=_FIX,
+    )

@@ -1,0 +1,123 @@
+"""``world/same-batches``: the prints of each rank's first batches, compared at rank 0."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_speedpack.world.figures import world_figures
+from lightning_speedpack.world.findings import world_findings
+from lightning_speedpack.world.same_batches import (
+    BATCHES,
+    EPOCHS,
+    BatchPrints,
+    data_parallel,
+    find_same_batches,
+    same_batches_finding,
+)
+from tests.world.synthetic import payloads
+
+
+def _prints(batches: list[Any], epochs: int = 2) -> dict[str, str]:
+    prints = BatchPrints()
+    for epoch in range(epochs):
+        for i, batch in enumerate(batches):
+            if prints.wants(epoch, i):
+                prints.take(epoch, i, batch)
+    return prints.digests()
+
+
+def _stream(seed: int, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(n)
+    ]
+
+
+def test_the_first_batches_of_the_first_epochs_are_printed() -> None:
+    digests = _prints(_stream(0, 5), epochs=EPOCHS + 2)
+    assert sorted(digests) == [f"{e}:{b}" for e in range(EPOCHS) for b in range(BATCHES)]
+
+
+def test_a_print_tells_batches_apart_by_values_shape_and_dtype() -> None:
+    x = torch.arange(64.0).reshape(8, 8)
+    base = _prints([(x,), (x + 1,)])
+    assert _prints([(x.clone(),), (x + 1,)]) == base  # the same values: the same print
+    assert _prints([(x.reshape(4, 16),), (x + 1,)])["0:0"] != base["0:0"]  # another shape
+    assert _prints([(x.double(),), (x + 1,)])["0:0"] != base["0:0"]  # another dtype
+    changed = x.clone()
+    changed[0, 0] = -1.0  # one element of the sampled ones
+    assert _prints([(changed,), (x + 1,)])["0:0"] != base["0:0"]
+
+
+def test_every_kind_of_tensor_in_a_batch_is_printed_without_error() -> None:
+    wide = torch.randn(8, 6)
+    batch = {
+        "bf16": torch.randn(4, 3).bfloat16(),
+        "mask": torch.rand(4, 3) > 0.5,
+        "transposed": wide.t(),  # not contiguous
+        "scalar": torch.tensor(3.0),
+        "empty": torch.empty(0, 5),  # passed over
+        "meta": torch.empty(4, device="meta"),  # passed over
+        "sparse": torch.eye(3).to_sparse(),  # passed over
+        "text": ["not", "a", "tensor"],
+    }
+    digests = _prints([batch, batch])
+    assert len(set(digests.values())) == 1  # the same batch each time, alike
+
+
+def test_ranks_with_the_same_batches_are_grouped() -> None:
+    same, other = _prints(_stream(0)), _prints(_stream(1))
+    assert find_same_batches({0: same, 1: same}) == {
+        "groups": [[0, 1]],
+        "world": 2,
+        "batches": 4,
+        "distinct": 1,
+    }
+    assert find_same_batches({0: same, 1: other}) is None
+    # Sharded by LOCAL_RANK on two nodes: rank k and rank k + 2 read alike.
+    four = find_same_batches({0: same, 1: other, 2: same, 3: other})
+    assert four is not None
+    assert (four["groups"], four["distinct"]) == ([[0, 2], [1, 3]], 2)
+
+
+def test_constant_data_and_too_few_batches_tell_nothing() -> None:
+    constant = _prints([(torch.ones(8, 4),)] * 3)
+    assert find_same_batches({0: constant, 1: constant}) is None  # every batch alike
+    one = {"0:0": "a"}
+    assert find_same_batches({0: one, 1: one}) is None  # one batch compared: not enough
+    assert find_same_batches({0: _prints(_stream(0))}) is None  # one rank
+
+
+def test_the_finding_names_the_ranks_the_share_and_the_fix() -> None:
+    four = same_batches_finding(
+        {"groups": [[0, 2], [1, 3]], "world": 4, "batches": 8, "distinct": 2}
+    )
+    assert (four.component, four.id, four.severity) == ("world", "same-batches", "warning")
+    assert four.message.startswith("some ranks trained on the same batches (")
+    assert "the same on ranks 0 and 2; ranks 1 and 3)" in four.message
+    assert four.message.endswith("4 ranks trained on the samples of 2")
+    assert four.figures["wall_fraction"] == 0.5
+    assert "not by LOCAL_RANK" in (four.fix or "")
+
+
+def test_the_world_carries_it_only_when_every_rank_sent_its_prints() -> None:
+    same = _prints(_stream(0))
+    world = payloads({0: (1.0, 3.0), 1: (1.0, 3.0)})
+    for rank in world:
+        world[rank]["batch_prints"] = same
+    figures = world_figures(world)
+    assert figures["same_batches"]["groups"] == [[0, 1]]
+    assert [f.id for f in world_findings(figures)] == ["same-batches"]
+    del world[1]["batch_prints"]  # a rank that printed nothing (an older pack, no batches)
+    assert world_figures(world)["same_batches"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"), [("ModelParallelStrategy", False), ("DDPStrategy", True)]
+)
+def test_tensor_parallel_ranks_are_meant_to_share_batches(name: str, expected: bool) -> None:
+    strategy = type(name, (), {})()
+    assert data_parallel(type("Sub", (type(strategy),), {})()) is expected
