@@ -108,9 +108,11 @@ def with_measured_workers(
         # than a worker's handover of each batch would cost on a machine this busy.
         checked = measured.data_wait_fraction is not None
         return [f for f in found if not (_measured_workers(f) or (checked and _adds_workers(f)))]
-    if measured.bound == "data" and not measured.workers_close_gap:
-        # Measured: workers on this rank's cores cannot feed the model. The data-bound
-        # finding says what can; "add workers" here would promise what was measured not to be.
+    enough = measured.workers_needed is not None and measured.workers_needed <= measured.num_workers
+    if measured.bound == "data" and (not measured.workers_close_gap or enough):
+        # Measured: workers on this rank's cores cannot feed the model, or the loader has the
+        # workers it needs already. The data-bound finding says what can; "add workers" here
+        # would promise what was measured not to be.
         return [f for f in found if not (_measured_workers(f) or _adds_workers(f))]
     if measured.bound != "data":
         return found

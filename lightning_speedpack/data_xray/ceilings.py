@@ -207,6 +207,7 @@ def verdict(
     model_sps: float | None,
     per_worker_sps: float | None = None,
     cpus: int | None = None,
+    workers: int = 0,
 ) -> Verdict:
     """Compare the ceilings; estimate the workers that would feed the model.
 
@@ -215,6 +216,9 @@ def verdict(
         model_sps: the model ceiling (samples/s).
         per_worker_sps: samples/s one loading process produces while busy (measured).
         cpus: the CPUs available (caps nothing, only noted); default ``os.cpu_count()``.
+        workers: the loader's ``num_workers`` when measured. Data-bound although that many
+            workers could feed the model at the per-worker rate: the gap is not the number
+            of workers, and the verdict says where it is instead (``transfer_note``).
 
     Example:
         >>> v = verdict(310.0, 2400.0, per_worker_sps=80.0)
@@ -230,8 +234,23 @@ def verdict(
         needed = None
         if per_worker_sps and per_worker_sps > 0:
             needed = max(1, math.ceil(model_sps / per_worker_sps))
+        if needed is not None and workers and needed <= workers:
+            found = Verdict("data", loader_sps, model_sps, None, per_worker_sps)
+            found.transfer_note = _handover_note(workers, per_worker_sps or 0.0, loader_sps)
+            return found
         return Verdict("data", loader_sps, model_sps, needed, per_worker_sps)
     return Verdict("model", loader_sps, model_sps, None, per_worker_sps)
+
+
+def _handover_note(workers: int, per_worker: float, loader: float) -> str:
+    plural = "s" if workers != 1 else ""
+    return (
+        f"the {workers} worker{plural} could load {per_worker * workers:,.0f} samples/s, yet the "
+        f"loader delivered {loader:,.0f}: more workers would not close the gap, which lies in "
+        f"handing batches from the worker process{'es' if workers != 1 else ''} to the training "
+        "process (or in their start); larger batches, or num_workers=0 when a sample is cheap "
+        "to read (e.g. from a cache), remove that handover"
+    )
 
 
 def cpu_count() -> int:

@@ -429,7 +429,7 @@ class DataPipelineProfiler(Callback):
 
     def _conclude(self, trainer: pl.Trainer, workers: int, per_worker: float | None) -> None:
         """State the verdict, publish it to the advisor, log both ceilings."""
-        self.verdict = verdict(self.loader_ceiling, self.model_ceiling, per_worker)
+        self.verdict = verdict(self.loader_ceiling, self.model_ceiling, per_worker, workers=workers)
         if self.verdict.bound == "unknown":
             if self.loader_ceiling is None and not self._unmeasured:
                 self._unmeasured.append(

@@ -332,9 +332,12 @@ def check_verdict(
         slowest_stage=slowest_stage,
         warm=filling is not None,
     )
-    if transfer:
+    enough = (
+        workers > 0 and verdict.workers_needed is not None and verdict.workers_needed <= workers
+    )
+    if transfer or (enough and verdict.cores is None):  # as many workers as it needs: the handover
         verdict.workers_needed, verdict.cores = None, None
-        verdict.transfer_note = _transfer_note(steady)
+        verdict.transfer_note = _transfer_note(steady, workers)
     filling_bound = None
     if filling is not None:
         cold_loader = filling.loader_rate or filling.rate
@@ -453,9 +456,10 @@ def _steady_verdict(
     return verdict
 
 
-def _transfer_note(steady: Phase) -> str:
+def _transfer_note(steady: Phase, workers: int) -> str:
+    could = steady.loader_rate or (steady.per_process_rate or 0.0) * max(workers, 1)
     return (
-        f"the workers could load {steady.loader_rate or 0.0:,.0f} samples/s yet the step "
+        f"the workers could load {could:,.0f} samples/s yet the step "
         "waited: the time goes in handing batches from the worker processes to the training "
         "process; larger batches, or num_workers=0 when a sample is cheap to read (e.g. from a "
         "cache), remove that handover"

@@ -248,6 +248,15 @@ def test_a_measured_data_bound_verdict_replaces_the_rule_of_thumb() -> None:
     assert measured.figures["per_worker_samples_per_sec"] == 400.0
 
 
+def test_a_loader_with_the_workers_it_needs_is_not_told_to_add_more() -> None:
+    """The verdict asked for as many workers as the loader has: no "more worker processes"."""
+    enough = DataVerdict("data", 11328.0, 26546.0, 1, 28459.0, num_workers=1)
+    assert _advice.with_measured_workers([], enough) == []
+    fewer = DataVerdict("data", 11328.0, 26546.0, 2, 20000.0, num_workers=1)
+    (advice,) = _advice.with_measured_workers([], fewer)
+    assert "num_workers=2" in advice.fix
+
+
 def test_a_data_bound_run_with_workers_gets_the_finding() -> None:
     other = AdvisorFinding("pin-memory", "warning", "off", "pin_memory=False", "pin it")
     found = _advice.with_measured_workers([other], _measured("data"))

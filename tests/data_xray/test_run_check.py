@@ -112,6 +112,19 @@ def test_data_bound_with_under_5_percent_data_wait_is_revised_to_model_bound() -
     assert any("waited for data 2%" in r or "the run consumed 800" in r for r in checked.revisions)
 
 
+def test_a_loader_with_the_workers_it_needs_is_told_the_handover_not_one_worker() -> None:
+    """A 2-rank LightningCLI job with one worker: one loading process at 31,000 samples/s could
+    feed the model, yet the run waited 19%. Before: "about 1 worker ... would close the gap"."""
+    epochs = [epoch(k, 12000, 0.19, per_process=31000, processes=1) for k in range(3)]
+    probe = Verdict("data", 11939.0, 22309.0, 2, 19141.0)
+    checked = check_verdict(probe, epochs, cores=2, workers=1, cached=False)
+    assert checked is not None
+    v = checked.verdict
+    assert (v.bound, v.workers_needed) == ("data", None)
+    assert "about 1 worker" not in v.message
+    assert "the workers could load 31,000 samples/s yet the step waited" in v.message
+
+
 def test_waiting_while_the_workers_idle_is_the_handover_not_more_workers() -> None:
     """Measured in the verdict zoo: cached reads at ~88,000 samples/s per the workers' busy
     time, a 3 ms step, and still 44% of the time waiting for each batch."""
