@@ -31,7 +31,13 @@ from lightning_speedpack.world.payload import (
     scalar_figures,
 )
 from lightning_speedpack.world.revise import revise_figures, revise_findings
-from lightning_speedpack.world.same_batches import BATCHES, BatchPrints, data_parallel
+from lightning_speedpack.world.same_batches import (
+    BATCHES,
+    BatchPrints,
+    data_parallel,
+    repeated_batches_finding,
+    repeated_in_epoch,
+)
 from lightning_speedpack.world.table import logged_table
 
 if TYPE_CHECKING:
@@ -103,10 +109,11 @@ class RunRecorder(Callback):
         self._clock = StepClock()
         self._cpu_wait: float | None = None  # the fit thread's run-queue delay at fit start
         self._timed_loop: Any = None  # the epoch loop whose broadcast it times (DDP)
-        self._prints: BatchPrints | None = None  # the first batches of each epoch (DDP)
+        self._prints = BatchPrints()  # the first batches of each epoch
+        self._digests: dict[str, str] = {}  # their digests, read at the end of fit
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_watched": None, "_timed_loop": None, "_prints": None}
+        return {**self.__dict__, "_watched": None, "_timed_loop": None, "_prints": BatchPrints()}
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -118,8 +125,7 @@ class RunRecorder(Callback):
         if trainer.world_size > 1 and loop is not None and _time_broadcast(loop, self._clock):
             self._timed_loop = loop
         self._sizer = BatchSizer(logged=watch(pl_module))
-        parallel = trainer.world_size > 1 and data_parallel(trainer.strategy)
-        self._prints = BatchPrints() if parallel else None
+        self._prints = BatchPrints()
         self._cpu_wait = thread_cpu_wait_s()
         self._start = time.perf_counter()
 
@@ -144,11 +150,10 @@ class RunRecorder(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._clock.batch_start(time.perf_counter())
-        prints = self._prints
-        if prints is not None and batch_idx < BATCHES:  # DDP, the first batches of an epoch
+        if batch_idx < BATCHES:  # the first batches of an epoch: printed (see world.same_batches)
             epoch = trainer.current_epoch
-            if prints.wants(epoch, batch_idx):
-                prints.take(epoch, batch_idx, batch)
+            if self._prints.wants(epoch, batch_idx):
+                self._prints.take(epoch, batch_idx, batch)
 
     @override
     def on_before_backward(
@@ -178,7 +183,8 @@ class RunRecorder(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         wall = time.perf_counter() - self._start
         samples = self._samples
-        figures: dict[str, Any] = {}
+        self._digests = self._prints.digests()  # once per fit: the prints' copies to the host
+        figures: dict[str, Any] = {"repeated_batches": repeated_in_epoch(self._digests)}
         if trainer.world_size > 1 and torch.distributed.is_initialized():  # once per fit
             gathered = gather_world(self._payload(trainer, wall))
             if gathered is not None:  # rank 0
@@ -225,7 +231,8 @@ class RunRecorder(Callback):
             "sample_unit": self._sizer.unit,
             "clock": self._clock.figures(),
             "cpu_wait_s": self._cpu_wait_s(),
-            "batch_prints": self._prints.digests() if self._prints is not None else {},
+            # compared between ranks where each should see its own (not tensor parallel)
+            "batch_prints": self._digests if data_parallel(trainer.strategy) else {},
             "figures": figures,
             "findings": finding_items(found),
         }
@@ -244,11 +251,15 @@ class RunRecorder(Callback):
         return world if isinstance(world, dict) else None
 
     def revise_findings(self, findings: list[Finding]) -> list[Finding]:
-        """The diagnostics' findings (rank 0's) read with the world in view (DDP), else as given.
+        """The diagnostics' findings (rank 0's) read with the world in view (DDP), and more.
+
+        ``data/repeated-batches`` is added when the last fit's epoch repeated its batches.
 
         See :func:`~lightning_speedpack.world.revise.revise_findings`.
         """
-        return revise_findings(findings, self.world)
+        revised = revise_findings(findings, self.world)
+        repeated = self.runs[-1].figures.get("repeated_batches") if self.runs else None
+        return [*revised, repeated_batches_finding(repeated)] if repeated else revised
 
     def revise_figures(self, figures: dict[str, Any]) -> None:
         """The diagnostics' figures (rank 0's) as the world's, in place (DDP)."""

@@ -1,19 +1,27 @@
-"""``world/same-batches``: ranks that trained on the same batches, so the data was not split.
+"""Batches that repeat: the same batches on several ranks, or the same batch twice in an epoch.
 
-Lightning splits a map-style dataset between the ranks with a ``DistributedSampler``. An
-``IterableDataset`` it leaves alone, and so it does a loader given ``use_distributed_sampler=False``
-and a sampler of the user's: then every rank reads the same samples in the same order. Nothing
-fails and Lightning does not warn (2.6.6), but N ranks do the work of one: each epoch takes as
-long as on one rank, and the gradient all-reduce averages N copies of one gradient. The same
-happens across nodes to a stream sharded by ``LOCAL_RANK`` instead of the global rank.
+``world/same-batches``. Lightning splits a map-style dataset between the ranks with a
+``DistributedSampler``. An ``IterableDataset`` it leaves alone, and so it does a loader given
+``use_distributed_sampler=False`` and a sampler of the user's: then every rank reads the same
+samples in the same order. Nothing fails and Lightning does not warn (2.6.6), but N ranks do the
+work of one: each epoch takes as long as on one rank, and the gradient all-reduce averages N
+copies of one gradient. The same happens across nodes to a stream sharded by ``LOCAL_RANK``
+instead of the global rank.
+
+``data/repeated-batches``. Each DataLoader worker runs its own copy of an ``IterableDataset``:
+a stream that does not shard itself by ``get_worker_info()`` yields every sample once per
+worker, so the batches come in runs of equal ones (0 and 1, 2 and 3 with two workers) and an
+epoch holds each sample ``num_workers`` times. PyTorch documents it; nothing warns.
 
 Each rank keeps a print of its first :data:`BATCHES` training batches in each of its first
 :data:`EPOCHS` epochs (:class:`BatchPrints`): up to :data:`TENSORS` tensors a batch, each its
 shape, dtype and :data:`SAMPLED` elements spread over it, cloned where the batch is (no
 host-device sync during the fit). The prints are read once, at the end of the fit, into short
-digests that travel in the rank's payload (the only copies to the host). Rank 0 groups the ranks
-whose digests agree on every batch both kept (:func:`find_same_batches`); a group of ranks whose
-own batches were all alike (constant data) tells nothing and is passed over.
+digests (the only copies to the host). A rank looks for equal prints inside an epoch
+(:func:`repeated_in_epoch`); under DDP the digests travel in the rank's payload and rank 0 groups
+the ranks whose digests agree on every batch both kept (:func:`find_same_batches`). Prints that
+are all alike (constant data, or as many workers as batches printed) tell nothing and are
+passed over.
 
 The prints of CUDA batches (kept on the GPU, copied at fit end) were exercised on the CPU only.
 """
@@ -35,11 +43,13 @@ __all__ = [
     "BatchPrints",
     "data_parallel",
     "find_same_batches",
+    "repeated_batches_finding",
+    "repeated_in_epoch",
     "same_batches_finding",
 ]
 
 #: The batches printed at the start of each epoch, and the epochs printed.
-BATCHES = 2
+BATCHES = 8
 EPOCHS = 4
 #: The tensors printed in a batch, and the elements kept of each (spread over it).
 TENSORS = 4
@@ -82,12 +92,12 @@ class BatchPrints:
     Example:
         >>> prints = BatchPrints()
         >>> for epoch in range(2):
-        ...     for i in range(3):
+        ...     for i in range(10):
         ...         if prints.wants(epoch, i):
         ...             prints.take(epoch, i, {"x": torch.full((4, 2), float(i))})
         >>> digests = prints.digests()
-        >>> sorted(digests), digests["0:0"] == digests["1:0"] != digests["0:1"]
-        (['0:0', '0:1', '1:0', '1:1'], True)
+        >>> len(digests), digests["0:0"] == digests["1:0"] != digests["0:1"]
+        (16, True)
     """
 
     def __init__(self) -> None:
@@ -161,10 +171,10 @@ def same_batches_finding(same: Mapping[str, Any]) -> Finding:
     """The ``world/same-batches`` warning, its share the work the repeated ranks did again.
 
     Example:
-        >>> f = same_batches_finding({"groups": [[0, 1]], "world": 2, "batches": 8,
+        >>> f = same_batches_finding({"groups": [[0, 1]], "world": 2, "batches": 32,
         ...                           "distinct": 1})
         >>> print(f.message)
-        every rank trained on the same batches (the first 2 of each epoch compared, 8 in all: \
+        every rank trained on the same batches (the first 8 of each epoch compared, 32 in all: \
 the same on ranks 0 and 1): the data was not split between the ranks, so each one repeated the \
 others' work: 2 ranks trained on the samples of 1
         >>> f.figures["wall_fraction"]
@@ -191,4 +201,73 @@ others' work: 2 ranks trained on the samples of 1
         figures={"wall_fraction": round(1.0 - distinct / world, 4), "groups": groups},
         severity="warning",
         fix=_FIX,
+    )
+
+
+_REPEATED_FIX = (
+    "shard the stream by worker in its __iter__: info = torch.utils.data.get_worker_info(), "
+    "then keep every info.num_workers-th item from info.id (under DDP, by the global rank too); "
+    "a map-style Dataset needs none of this (the sampler deals each index once)"
+)
+
+
+def repeated_in_epoch(digests: Mapping[str, str]) -> dict[str, Any] | None:
+    """The first epoch whose printed batches repeat, not all alike (None: none repeats).
+
+    ``digests``: :meth:`BatchPrints.digests`. ``groups`` lists the batch indices with one print.
+
+    Example:
+        >>> two_workers = {"0:0": "a", "0:1": "a", "0:2": "b", "0:3": "b", "0:4": "c"}
+        >>> repeated_in_epoch(two_workers)
+        {'epoch': 0, 'groups': [[0, 1], [2, 3]], 'compared': 5, 'distinct': 3}
+        >>> repeated_in_epoch({"0:0": "a", "0:1": "a", "0:2": "a"}) is None  # all alike
+        True
+    """
+    epochs: dict[int, dict[int, str]] = {}
+    for key, digest in digests.items():
+        epoch, batch = _order(key)
+        epochs.setdefault(epoch, {})[batch] = digest
+    for epoch in sorted(epochs):
+        by_print: dict[str, list[int]] = {}
+        for batch in sorted(epochs[epoch]):
+            by_print.setdefault(epochs[epoch][batch], []).append(batch)
+        groups = [g for g in by_print.values() if len(g) > 1]
+        if groups and len(by_print) > 1:
+            compared, distinct = len(epochs[epoch]), len(by_print)
+            return {"epoch": epoch, "groups": groups, "compared": compared, "distinct": distinct}
+    return None
+
+
+def repeated_batches_finding(repeated: Mapping[str, Any]) -> Finding:
+    """The ``data/repeated-batches`` warning: an epoch that holds its batches more than once.
+
+    Example:
+        >>> f = repeated_batches_finding({"epoch": 0, "groups": [[0, 1], [2, 3]],
+        ...                               "compared": 4, "distinct": 2})
+        >>> print(f.message)
+        the same batch came more than once in epoch 0 (of its first 4 batches, only 2 \
+differ: batches 0 and 1 are one; 2 and 3 too): a stream (IterableDataset) that every \
+DataLoader worker reads whole yields each sample once per worker
+        >>> f.figures["wall_fraction"]
+        0.5
+    """
+    groups = [list(g) for g in repeated["groups"]]
+    shown = "; ".join(
+        _ranks(g) + (" are one" if k == 0 else " too") for k, g in enumerate(groups[:4])
+    )
+    compared, distinct = int(repeated["compared"]), int(repeated["distinct"])
+    message = (
+        f"the same batch came more than once in epoch {repeated['epoch']} (of its first "
+        f"{compared} batches, only {distinct} differ: batches {shown}): a stream "
+        "(IterableDataset) that every DataLoader worker reads whole yields each sample once per "
+        "worker"
+    )
+    return Finding(
+        "data",
+        "repeated-batches",
+        message,
+        location="train_dataloader",
+        figures={"wall_fraction": round(1.0 - distinct / compared, 4), "groups": groups},
+        severity="warning",
+        fix=_REPEATED_FIX,
     )

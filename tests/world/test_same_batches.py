@@ -15,6 +15,8 @@ from lightning_speedpack.world.same_batches import (
     BatchPrints,
     data_parallel,
     find_same_batches,
+    repeated_batches_finding,
+    repeated_in_epoch,
     same_batches_finding,
 )
 from tests.world.synthetic import payloads
@@ -37,7 +39,7 @@ def _stream(seed: int, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def test_the_first_batches_of_the_first_epochs_are_printed() -> None:
-    digests = _prints(_stream(0, 5), epochs=EPOCHS + 2)
+    digests = _prints(_stream(0, BATCHES + 3), epochs=EPOCHS + 2)
     assert sorted(digests) == [f"{e}:{b}" for e in range(EPOCHS) for b in range(BATCHES)]
 
 
@@ -73,7 +75,7 @@ def test_ranks_with_the_same_batches_are_grouped() -> None:
     assert find_same_batches({0: same, 1: same}) == {
         "groups": [[0, 1]],
         "world": 2,
-        "batches": 4,
+        "batches": 6,
         "distinct": 1,
     }
     assert find_same_batches({0: same, 1: other}) is None
@@ -121,3 +123,33 @@ def test_the_world_carries_it_only_when_every_rank_sent_its_prints() -> None:
 def test_tensor_parallel_ranks_are_meant_to_share_batches(name: str, expected: bool) -> None:
     strategy = type(name, (), {})()
     assert data_parallel(type("Sub", (type(strategy),), {})()) is expected
+
+
+def test_a_stream_each_worker_reads_whole_repeats_its_batches_in_runs() -> None:
+    own = _stream(0, 4)
+    two_workers = [own[0], own[0], own[1], own[1], own[2], own[2]]  # what 2 workers hand over
+    repeated = repeated_in_epoch(_prints(two_workers))
+    assert repeated == {
+        "epoch": 0,
+        "groups": [[0, 1], [2, 3], [4, 5]],
+        "compared": 6,
+        "distinct": 3,
+    }
+    finding = repeated_batches_finding(repeated)
+    assert (finding.component, finding.id, finding.severity) == (
+        "data",
+        "repeated-batches",
+        "warning",
+    )
+    assert "(of its first 6 batches, only 3 differ: batches 0 and 1 are one; 2 and 3 too;" in (
+        finding.message
+    )
+    assert finding.figures["wall_fraction"] == 0.5
+    assert "get_worker_info()" in (finding.fix or "")
+
+
+def test_batches_that_differ_or_are_all_alike_do_not_repeat() -> None:
+    assert repeated_in_epoch(_prints(_stream(0, 6))) is None  # each batch its own
+    assert repeated_in_epoch(_prints([(torch.ones(8, 4),)] * 6)) is None  # constant data
+    # the same batches epoch after epoch (a stream not shuffled) are not a repeat in an epoch
+    assert repeated_in_epoch(_prints(_stream(0, 3), epochs=3)) is None
