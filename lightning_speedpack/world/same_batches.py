@@ -28,6 +28,7 @@ The prints of CUDA batches (kept on the GPU, copied at fit end) were exercised o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -114,9 +115,13 @@ class BatchPrints:
             for t in leaves(batch, torch.Tensor)
             if t.layout == torch.strided and not t.is_meta and t.numel()
         ]
-        self._kept[f"{epoch}:{batch_idx}"] = [
-            (f"{tuple(t.shape)}{t.dtype}", _sample(t)) for t in tensors[:TENSORS]
-        ]
+        parts = []
+        for t in tensors[:TENSORS]:
+            try:  # a tensor it cannot sample (a nested or a subclass's) is left out, never fatal
+                parts.append((f"{tuple(t.shape)}{t.dtype}", _sample(t)))
+            except Exception:  # the job must not fail for its print
+                continue
+        self._kept[f"{epoch}:{batch_idx}"] = parts
 
     def digests(self) -> dict[str, str]:
         """``{"epoch:batch": digest}``: the prints read to the host (once, at the end of fit)."""
@@ -125,7 +130,8 @@ class BatchPrints:
             digest = hashlib.blake2b(digest_size=8)
             for meta, sample in parts:
                 digest.update(meta.encode())
-                digest.update(sample.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+                with contextlib.suppress(Exception):  # a dtype without a byte view: its meta
+                    digest.update(sample.contiguous().view(torch.uint8).cpu().numpy().tobytes())
             out[key] = digest.hexdigest()
         return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -54,9 +55,16 @@ def test_a_print_tells_batches_apart_by_values_shape_and_dtype() -> None:
     assert _prints([(changed,), (x + 1,)])["0:0"] != base["0:0"]
 
 
+def _nested() -> torch.Tensor:
+    with warnings.catch_warnings():  # "prototype stage": the strided layout, on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+
+
 def test_every_kind_of_tensor_in_a_batch_is_printed_without_error() -> None:
     wide = torch.randn(8, 6)
     batch = {
+        "nested": _nested(),  # its sample fails: left out (first: only 4 tensors are printed)
         "bf16": torch.randn(4, 3).bfloat16(),
         "mask": torch.rand(4, 3) > 0.5,
         "transposed": wide.t(),  # not contiguous
