@@ -207,8 +207,8 @@ def _validation(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Fi
     return [
         _finding(
             "validation-time",
-            f"validation took {share:.0%} of the wall time ({seconds:.1f} s): {len(runs)} runs "
-            f"of the validation loop, {batches} batches, {samples} samples, {each:.2f} s each",
+            f"validation took {share:.0%} of the wall time ({_secs(seconds)}): {len(runs)} runs "
+            f"of the validation loop, {batches} batches, {samples} samples, {_each(each)} each",
             share,
             seconds,
             "validate less often or on fewer batches: `Trainer(val_check_interval=...)` (now "
@@ -226,14 +226,14 @@ def _checkpoint(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Fi
         return []
     seconds = ledger.seconds()["checkpoint"]
     saves = ledger.saves
-    each = f", {seconds / saves:.2f} s each" if saves else ""
+    each = f", {_each(seconds / saves)} each" if saves else ""
     now = "; ".join(
         ", ".join(f"{k}={v!r}" for k, v in cfg.items() if v is not None) for cfg in s.checkpoints
     )
     return [
         _finding(
             "checkpoint-time",
-            f"saving checkpoints took {share:.0%} of the wall time ({seconds:.1f} s, "
+            f"saving checkpoints took {share:.0%} of the wall time ({_secs(seconds)}, "
             f"{saves} saves{each})",
             share,
             seconds,
@@ -259,7 +259,7 @@ def _logging(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Findi
     return [
         _finding(
             "logging-time",
-            f"logging took {share:.0%} of the wall time ({seconds:.1f} s): the loggers' writes "
+            f"logging took {share:.0%} of the wall time ({_secs(seconds)}): the loggers' writes "
             f"{loggers:.1f} s, the progress bar {bars:.1f} s",
             share,
             seconds,
@@ -283,8 +283,8 @@ def _epoch_starts(ledger: LedgerReadings, share: float, s: RunSettings) -> list[
         return [
             _finding(
                 "epoch-start-time",
-                f"starting epochs took {share:.0%} of the wall time ({seconds:.1f} s over "
-                f"{len(starts)} epochs, {mean:.2f} s each): the DataLoader starts its "
+                f"starting epochs took {share:.0%} of the wall time ({_secs(seconds)} over "
+                f"{len(starts)} epochs, {_each(mean)} each): the DataLoader starts its "
                 f"{s.workers} workers again at every epoch",
                 share,
                 seconds,
@@ -295,7 +295,7 @@ def _epoch_starts(ledger: LedgerReadings, share: float, s: RunSettings) -> list[
     return [
         _finding(
             "epoch-start-time",
-            f"starting epochs took {share:.0%} of the wall time ({seconds:.1f} s over "
+            f"starting epochs took {share:.0%} of the wall time ({_secs(seconds)} over "
             f"{len(starts)} epochs): the loader's first batch, paid once per epoch",
             share,
             seconds,
@@ -346,7 +346,7 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
             out.append(
                 _finding(
                     "callback-time",
-                    f"{name}'s trials took {share:.0%} of the wall time ({seconds:.1f} s, once "
+                    f"{name}'s trials took {share:.0%} of the wall time ({_secs(seconds)}, once "
                     "per fit, before the first step)",
                     share,
                     seconds,
@@ -400,8 +400,8 @@ def _collections(ledger: LedgerReadings, share: float) -> list[Finding]:
         _finding(
             "garbage-collection",
             f"Python's garbage collector paused the run for {share:.0%} of the wall time "
-            f"({seconds:.1f} s in {count} collections, {full} of them full, the longest "
-            f"{clock.longest_s:.2f} s{once}): each full collection scans every Python object "
+            f"({_secs(seconds)} in {count} collections, {full} of them full, the longest "
+            f"{_each(clock.longest_s)}{once}): each full collection scans every Python object "
             "alive",
             share,
             seconds,
@@ -430,7 +430,7 @@ def _collect_calls(ledger: LedgerReadings) -> list[Finding]:
     often = f", {count / steps:.2g} per training step" if steps else ""
     finding = _finding(
         "gc-collect-calls",
-        f"`gc.collect()` called by the job took {share:.0%} of the wall time ({seconds:.1f} s "
+        f"`gc.collect()` called by the job took {share:.0%} of the wall time ({_secs(seconds)} "
         f"in {sum(c for c, _ in calls.values())} calls); the most at {where}: {count} calls"
         f"{often}, {spent:.1f} s. Each call scans every live Python object",
         share,
@@ -471,7 +471,18 @@ def _doctor_cost_finding(name: str, share: float, seconds: float, top: str) -> F
 
 
 def _secs(seconds: float) -> str:
+    """A finding's seconds: tenths of a second, or milliseconds under 0.1 s (not "0.0 s")."""
     return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1e3:.0f} ms"
+
+
+def _each(seconds: float) -> str:
+    """One occurrence's seconds: hundredths of a second, or milliseconds under 0.1 s.
+
+    Example:
+        >>> _each(0.35), _each(0.0213), _secs(0.04)
+        ('0.35 s', '21.3 ms', '40 ms')
+    """
+    return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
 
 
 def _probe_finding(name: str, seconds: float, total: float) -> Finding:
@@ -479,7 +490,7 @@ def _probe_finding(name: str, seconds: float, total: float) -> Finding:
     share = seconds / total if total > 0 else 0.0
     return _finding(
         "callback-time",
-        f"{name}'s probe took {share:.0%} of the wall time ({seconds:.1f} s in "
+        f"{name}'s probe took {share:.0%} of the wall time ({_secs(seconds)} in "
         f'{PROBE_HOOKS[name]}, once per fit, asked for with `probe="start"` or `--deep`)',
         share,
         seconds,

@@ -109,6 +109,8 @@ def test_a_slow_callback_and_slow_checkpoints_are_charged_to_themselves(
     assert findings["callback-time"].figures["callback"] == "SlowCallback"
     assert "on_train_batch_end" in findings["callback-time"].message
     assert "every_n_train_steps=1" in (findings["checkpoint-time"].fix or "")
+    # A save of ~20 ms reads in ms, not "0.02 s" (and a total under 0.1 s not "0.0 s").
+    assert re.search(r", 8 saves, \d+\.\d ms each\)$", findings["checkpoint-time"].message)
     shares = [f.figures["wall_fraction"] for f in ledger.doctor_findings()]
     assert shares == sorted(shares, reverse=True)  # largest share first
 
