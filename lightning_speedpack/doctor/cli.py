@@ -193,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"speedpack doctor: {err}", file=sys.stderr)
         return 2
+    if _launched_rank() != 0:  # torchrun/srun run the doctor in every rank: rank 0 reports
+        result.print_traceback()
+        return result.exit_code
     if ns.json:
         result.report.write_json(ns.json)
     page_error = _write_html(result.report.to_dict(), ns.html) if ns.html else None
@@ -202,6 +205,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"speedpack doctor: {page_error}", file=sys.stderr)
     result.print_traceback()  # last, where a Python user looks for it
     return result.exit_code or (1 if page_error else 0)
+
+
+#: Where a launcher that starts every rank as a process of its own (torchrun, srun, mpirun) puts
+#: the rank's global number. Lightning's own launcher starts its other ranks without this CLI.
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def _launched_rank() -> int:
+    """The global rank a launcher gave this process (0 when none did).
+
+    Under ``torchrun --nproc-per-node 2 -m lightning_speedpack doctor ...`` every rank runs the
+    doctor; only rank 0 prints the report and writes ``--json``/``--html`` (rank 0's report has
+    every rank's figures). Before, each rank wrote its own to the same path, and the last one
+    to finish, not rank 0, was the file the user got.
+    """
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def _check_doctor_options(ns: argparse.Namespace) -> str | None:

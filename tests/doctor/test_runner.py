@@ -19,6 +19,7 @@ from pytorch_lightning import Callback, Trainer
 
 from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.doctor import Finding, register_diagnostic, unregister_diagnostic
+from lightning_speedpack.doctor.cli import main as cli_main
 from lightning_speedpack.doctor.runner import DoctorSession, RunRecorder, run_script
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
 from tests.helpers.namespaces import NAMESPACE_NAMES, Namespace, each_namespace
@@ -662,3 +663,73 @@ def test_lightning_dispatches_the_doctors_per_batch_hooks_once_a_batch(tmp_path:
     ledger = next(c for c in callbacks_of(trainer) if type(c).__name__ == "WallTimeLedger")
     assert "HookHub" not in ledger.callback_seconds()
     assert ("callback:StepTimeline", "on_train_batch_end") in ledger.details()
+
+
+TORCHRUN_SCRIPT = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from pytorch_lightning import LightningModule, Trainer
+
+
+class Model(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(8, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g)
+        data = TensorDataset(x, y)
+        return DataLoader(data, batch_size=8)
+
+
+Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False).fit(Model())
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_under_torchrun_rank_0_alone_writes_the_report(tmp_path: Path) -> None:
+    """Every rank runs the doctor under torchrun; before, each wrote --json to the same path and
+    the last to finish (rank 1, with no World table) was the file the user got."""
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    report_path = tmp_path / "report.json"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    doctor = ["-m", "lightning_speedpack", "doctor", "--layout", "log", "--json", str(report_path)]
+    proc = run_in_session([*torchrun, *doctor, str(script)], timeout=280, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("Findings (") + proc.stderr.count("No findings") == 1  # one report
+    world = json.loads(report_path.read_text())["runs"][0]["figures"]["world"]
+    assert [row["rank"] for row in world["ranks"]] == [0, 1]
+
+
+@pytest.mark.parametrize(("variable", "value"), [("RANK", "1"), ("SLURM_PROCID", "3")])
+def test_a_rank_a_launcher_numbered_above_0_writes_and_prints_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    value: str,
+) -> None:
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
+    script = _script(tmp_path, "import sys\nsys.exit(3)\n")
+    report_path = tmp_path / "report.json"
+    assert cli_main(["doctor", "--json", str(report_path), str(script)]) == 3  # passed through
+    assert not report_path.exists()
+    assert "speedpack doctor" not in capsys.readouterr().err
+    monkeypatch.setenv(variable, "0")
+    assert cli_main(["doctor", "--json", str(report_path), str(script)]) == 3
+    assert report_path.exists()
