@@ -260,7 +260,7 @@ def _logging(ledger: LedgerReadings, share: float, s: RunSettings) -> list[Findi
         _finding(
             "logging-time",
             f"logging took {share:.0%} of the wall time ({_secs(seconds)}): the loggers' writes "
-            f"{loggers:.1f} s, the progress bar {bars:.1f} s",
+            f"{_secs(loggers)}, the progress bar {_secs(bars)}",
             share,
             seconds,
             f"log less often: `Trainer(log_every_n_steps=...)` (now {s.log_every_n_steps}); "
