@@ -248,9 +248,15 @@ def _handover_note(workers: int, per_worker: float, loader: float) -> str:
         f"the {workers} worker{plural} could load {per_worker * workers:,.0f} samples/s, yet the "
         f"loader delivered {loader:,.0f}: more workers would not close the gap, which lies in "
         f"handing batches from the worker process{'es' if workers != 1 else ''} to the training "
-        "process (or in their start); larger batches, or num_workers=0 when a sample is cheap "
-        "to read (e.g. from a cache), remove that handover"
+        f"process (or in their start); {HANDOVER_REMEDY}"
     )
+
+
+#: What removes the handover of batches from worker processes (the probe's and the run's verdict).
+HANDOVER_REMEDY = (
+    "larger batches, or num_workers=0 when a sample is cheap to read (e.g. from a cache), "
+    "remove that handover"
+)
 
 
 def cpu_count() -> int:

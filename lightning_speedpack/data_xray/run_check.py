@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from lightning_speedpack.core.stages import CACHE_MISS_STAGE
-from lightning_speedpack.data_xray.ceilings import BOUND_MARGIN, Verdict
+from lightning_speedpack.data_xray.ceilings import BOUND_MARGIN, HANDOVER_REMEDY, Verdict
 from lightning_speedpack.data_xray.pipeline import PipelineTotals
 
 __all__ = [
@@ -461,8 +461,7 @@ def _transfer_note(steady: Phase, workers: int) -> str:
     return (
         f"the workers could load {could:,.0f} samples/s yet the step "
         "waited: the time goes in handing batches from the worker processes to the training "
-        "process; larger batches, or num_workers=0 when a sample is cheap to read (e.g. from a "
-        "cache), remove that handover"
+        f"process; {HANDOVER_REMEDY}"
     )
 
 

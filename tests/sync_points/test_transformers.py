@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from lightning_speedpack.sync_points.attribution import library_fix
-from lightning_speedpack.sync_points.detect import SyncDetector
 from tests.helpers import global_state
+from tests.sync_points.test_detect import _watch
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,13 +71,7 @@ def _all_fixes(fn: Callable[[], Any]) -> list[tuple[str, str]]:
     Each is placed at ``fn``'s own line: the user's call, not a line inside transformers.
     """
     fn()  # transformers' first call does one-time work (warnings, lazy imports): not a step
-    det = SyncDetector(include_cpu=True)
-    det.install()
-    try:
-        det.arm(step=0)
-        fn()
-    finally:
-        det.uninstall()
+    det = _watch(fn, include_cpu=True)
     found = [f for f in det.findings() if f.library == "transformers"]
     call_line = inspect.getsourcelines(fn)[1] + 1  # the line after the def: the model's call
     assert {f.lineno for f in found} <= {call_line}
