@@ -175,6 +175,7 @@ class CommMonitor(Callback):
         self._find_unused = False
         self._static_graph = False
         self._without_grad: list[str] = []
+        self._manual = False  # the step optimizes by hand: a backward may cover a part only
         self._timer: CommTimer | None = None  # the timing hook's, where DDP's stats are missing
         self._timer_pending = False
         self._settings: dict[str, Any] = {}  # what the comm-bound fixes would change
@@ -321,6 +322,7 @@ class CommMonitor(Callback):
         if self._ddp is None:
             return
         self._read()  # the last sample, wherever the schedule left it
+        self._manual = not getattr(pl_module, "automatic_optimization", True)
         if self._find_unused and not self._static_graph:
             self._without_grad = [
                 name
@@ -416,6 +418,7 @@ class CommMonitor(Callback):
             names_without_grad=self._without_grad,
             backward_compute_ms=None if comm is None else comm.backward_compute_ms,
             comm_ms_per_step=None if comm is None else comm.comm_ms_per_step,
+            manual_optimization=self._manual,
         )
         recorder = self._recorder
         sites = list(recorder.sites.values())

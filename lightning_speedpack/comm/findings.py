@@ -96,6 +96,8 @@ class UnusedParameters:
     names_without_grad: Sequence[str] = ()
     backward_compute_ms: float | None = None
     comm_ms_per_step: float | None = None
+    #: the training step optimizes by hand (``automatic_optimization=False``)
+    manual_optimization: bool = False
 
 
 def find_unused_findings(state: UnusedParameters) -> list[Finding]:
@@ -124,6 +126,8 @@ def find_unused_findings(state: UnusedParameters) -> list[Finding]:
     if unused == 0:
         return [_needless_search(state, sampled)]
     with_unused = sum(bool(s.unused_parameter_bytes) for s in kept)
+    if state.manual_optimization:
+        return [_parts_per_backward(sampled, unused, with_unused)]
     return [_unused_layers(state, sampled, unused, with_unused)]
 
 
@@ -185,6 +189,36 @@ def _modules(names: Sequence[str]) -> list[str]:
         ['unused', 'head.0', 'scale']
     """
     return list(dict.fromkeys(name.rpartition(".")[0] or name for name in names))
+
+
+def _parts_per_backward(sampled: int, unused: int, with_unused: int) -> Finding:
+    # A step that optimizes by hand often runs a backward per part of the model (a GAN's
+    # generator, then its discriminator): each leaves the other part without a gradient, so
+    # every layer is "unused" in some backward and none can be removed. The names read after
+    # the last step are then the last backward's other part, not layers the forward skips.
+    return Finding(
+        COMPONENT,
+        "find-unused-parameters",
+        f"{_bytes(unused)} of parameters got no gradient in {with_unused} of the {sampled} "
+        "iterations DDP sampled (a forward and its backward each): the training step optimizes "
+        "by hand (`automatic_optimization=False`), where a backward over one part of the model "
+        "(a GAN's generator, then its discriminator) leaves the other parts without a gradient: "
+        "`find_unused_parameters=True` is needed for that, and costs a search of the autograd "
+        "graph and an extra all-reduce every iteration",
+        location="training_step",
+        figures={
+            "find_unused_parameters": True,
+            "manual_optimization": True,
+            "sampled_steps": sampled,
+            "steps_with_unused": with_unused,
+            "unused_parameter_bytes": unused,
+        },
+        severity="info",
+        fix=(
+            "keep `find_unused_parameters=True` while a step runs a backward per part of the "
+            "model; a layer that no backward reaches, if any, can go"
+        ),
+    )
 
 
 def _unused_layers(state: UnusedParameters, sampled: int, unused: int, with_unused: int) -> Finding:

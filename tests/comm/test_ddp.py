@@ -1,7 +1,7 @@
 """CommMonitor on real 2-process DDP (gloo, CPU): the planted cases and a clean job.
 
-Three fits in all (CI is close to its time limit): sync_dist every step together with a
-needless ``find_unused_parameters=True``; a clean job; a job with an unused layer.
+Four fits in all: sync_dist every step together with a needless ``find_unused_parameters=True``;
+a clean job; a job with an unused layer; a GAN-like step optimized by hand.
 """
 
 from __future__ import annotations
@@ -59,6 +59,37 @@ class MLP(LightningModule):
         return DataLoader(data, batch_size=8)
 
 
+class TwoParts(MLP):
+    """A GAN's shape: one backward for the net, then one for a critic of its detached output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.critic = torch.nn.Linear(10, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        net_opt, critic_opt = self.optimizers()  # type: ignore[attr-defined,misc]
+        loss = torch.nn.functional.cross_entropy(self(x), y)
+        net_opt.zero_grad()
+        self.manual_backward(loss)
+        net_opt.step()
+        critic_loss = self.critic(self(x).detach()).pow(2).mean()
+        critic_opt.zero_grad()
+        self.manual_backward(critic_loss)
+        critic_opt.step()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+    def configure_optimizers(self) -> Any:
+        return (
+            torch.optim.SGD(self.net.parameters(), lr=0.01),
+            torch.optim.SGD(self.critic.parameters(), lr=0.01),
+        )
+
+
 SYNC_LINE = next(
     i
     for i, line in enumerate(inspect.getsource(inspect.getmodule(MLP)).splitlines(), start=1)  # type: ignore[arg-type]
@@ -66,14 +97,16 @@ SYNC_LINE = next(
 )
 
 
-def _fit(tmp: str, sync: bool, find_unused: bool, unused_layer: bool) -> dict[str, Any]:
+def _fit(
+    tmp: str, sync: bool, find_unused: bool, unused_layer: bool, two_parts: bool = False
+) -> dict[str, Any]:
     monitor = CommMonitor()
     strategy = DDPStrategy(find_unused_parameters=find_unused)
     trainer = Trainer(
         callbacks=[monitor],
         **quiet_trainer_kwargs(tmp, devices=2, strategy=strategy, max_steps=STEPS),
     )
-    model = MLP(sync=sync, unused_layer=unused_layer)
+    model = TwoParts() if two_parts else MLP(sync=sync, unused_layer=unused_layer)
     trainer.fit(model)
     return {
         "rank": trainer.global_rank,
@@ -148,3 +181,25 @@ def test_an_unused_layer_is_named(tmp_path: Path) -> None:
         assert "(2 tensors without a gradient after the last step: unused.weight, unused.bias)" in (
             message
         )
+
+
+def test_a_step_with_a_backward_per_part_is_told_the_search_is_needed(tmp_path: Path) -> None:
+    # Every layer is used, each in its own backward: none is to be removed, as the message for
+    # an unused layer (and its list of every parameter, read after the critic's backward) said.
+    ranks = run_ddp(
+        _fit,
+        str(tmp_path),
+        sync=False,
+        find_unused=True,
+        unused_layer=False,
+        two_parts=True,
+        timeout=200,
+    )
+    for result in ranks:
+        [(fid, severity, location, message, figures)] = _planted(result["findings"])
+        assert (fid, severity, location) == ("find-unused-parameters", "info", "training_step")
+        assert figures["manual_optimization"] is True
+        assert figures["unused_parameter_bytes"] > 0
+        assert "`automatic_optimization=False`" in message
+        assert "is needed for that" in message
+        assert "tensors without a gradient" not in message

@@ -117,6 +117,30 @@ def test_unused_layers_are_an_info_naming_them() -> None:
     assert "static_graph=True" in finding.fix
 
 
+def test_a_step_optimized_by_hand_is_told_the_search_is_needed_not_to_remove_layers() -> None:
+    state = UnusedParameters(
+        True,
+        False,
+        _samples(9_488),
+        batches=64,
+        names_without_grad=["net.0.weight", "critic.weight"],  # the last backward's other part
+        manual_optimization=True,
+    )
+    [finding] = find_unused_findings(state)
+    assert (finding.id, finding.severity, finding.location) == (
+        "find-unused-parameters",
+        "info",
+        "training_step",
+    )
+    assert finding.message.startswith(
+        "9488 bytes of parameters got no gradient in 4 of the 4 iterations DDP sampled"
+    )
+    assert "net.0.weight" not in finding.message
+    assert finding.fix is not None
+    assert "remove the layers" not in finding.fix
+    assert "keep `find_unused_parameters=True`" in finding.fix
+
+
 def test_no_unused_finding_without_the_search_or_without_samples() -> None:
     assert find_unused_findings(UnusedParameters(False, False, _samples(None), 64)) == []
     # static_graph: DDP finds the unused parameters once, no search per step
