@@ -67,7 +67,7 @@ class TwoParts(MLP):
         self.automatic_optimization = False
         self.critic = torch.nn.Linear(10, 1)
 
-    def training_step(self, batch: Any, batch_idx: int) -> None:
+    def training_step(self, batch: Any, batch_idx: int) -> None:  # type: ignore[override]
         x, y = batch
         net_opt, critic_opt = self.optimizers()  # type: ignore[attr-defined,misc]
         loss = torch.nn.functional.cross_entropy(self(x), y)
