@@ -69,8 +69,12 @@ def end_due(step: int, every: int, log_every: int) -> int:
     A batch that starts at step ``S - 1`` ends at step ``S``: its end is where a timeline opens
     step ``S`` (before its fetch) or logs the window of steps it timed.
 
+    ``log_every`` 0 logs no step (``Trainer(log_every_n_steps=0)``, ``barebones=True``).
+
     Example:
-        >>> end_due(17, 8, 50), end_due(17, 8, 20), end_due(3, 8, 50)
-        (23, 19, 3)
+        >>> end_due(17, 8, 50), end_due(17, 8, 20), end_due(3, 8, 50), end_due(17, 8, 0)
+        (23, 19, 3, 23)
     """
+    if log_every <= 0:
+        return next_sampled(step, every) - 1
     return min(next_sampled(step, every), (step // log_every + 1) * log_every) - 1

@@ -274,7 +274,8 @@ class DataPipelineProfiler(Callback):
             epoch.samples += self._sizer(batch)
             epoch.batches += 1
         step = trainer.global_step
-        if step % self._every == 0 and step != self._last_logged_step:
+        # `log_every_n_steps=0` (and `barebones=True`): Lightning logs no step, nor does this
+        if self._every and step % self._every == 0 and step != self._last_logged_step:
             self._window()
             self._log(trainer)
 

@@ -14,6 +14,7 @@ small all-reduce under DDP (``world_combine="end"``: at the train end), system s
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
@@ -313,7 +314,7 @@ class ThroughputLogger(Callback):
         else:
             self._flops = float(spec) if isinstance(spec, (int, float)) else 0.0
         self._every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        if self._world_size > 1 and self._deferred is None:
+        if self._world_size > 1 and self._deferred is None and self._every:
             # Each logging step is an all-reduce that lines the ranks up; a floor keeps a
             # short cadence from adding one every few steps ("end" adds none in the loop).
             self._every = max(self._every, self.world_log_floor)
@@ -479,8 +480,11 @@ class ThroughputLogger(Callback):
         return True
 
     def _log_if_due(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        step = trainer.global_step
         every = self._every
+        if not every:  # `log_every_n_steps=0` (`barebones=True`): the tail at the end alone
+            self._countdown = sys.maxsize
+            return
+        step = trainer.global_step
         if step % every == 0 and step != self._last_logged_step:
             self._log(trainer, pl_module, step)
         # The next multiple of `every` is at least this many batches away.

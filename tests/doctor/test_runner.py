@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning import Callback, Trainer
 
 from lightning_speedpack.core.hook_hub import callbacks_of
@@ -113,6 +115,31 @@ def test_a_callback_the_user_added_is_not_added_twice(tmp_path: Path, probe: Non
     trainer.fit(SizedBoringModel())
     (finding,) = [f for f in session.report().findings if f.component == "probe"]
     assert finding.figures == {"n": 3}  # the user's instance reported
+
+
+def test_a_barebones_trainer_fits_under_the_doctor_with_the_same_weights(tmp_path: Path) -> None:
+    # `barebones=True` sets `log_every_n_steps=0`: the X-ray's and the timeline's logging
+    # cadence divided by it at the first batch end, and the job died under the doctor alone.
+    def fit(doctor: bool) -> tuple[Any, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = SizedBoringModel()
+        session = DoctorSession()
+        with session.installed() if doctor else contextlib.nullcontext():
+            trainer = Trainer(
+                accelerator="cpu",
+                barebones=True,
+                max_epochs=2,
+                limit_train_batches=24,
+                default_root_dir=str(tmp_path),
+            )
+            trainer.fit(model)
+        return session, [p.detach().clone() for p in model.parameters()]
+
+    _, plain = fit(doctor=False)
+    session, doctored = fit(doctor=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, doctored, strict=True))
+    ids = {f"{f.component}/{f.id}" for f in session.report().findings}
+    assert {"timeline/step-phases", "data/data-pipeline"} <= ids
 
 
 def test_exit_code_and_exception_pass_through(

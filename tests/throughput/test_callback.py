@@ -396,6 +396,18 @@ def test_log_every_n_steps_follows_the_trainer(tmp_path: Path) -> None:
     assert [step for step, m in logger.rows if f"{P}samples_per_sec" in m] == [2, 4, 6]
 
 
+def test_log_every_n_steps_0_logs_the_end_alone_as_the_trainer_logs_no_step(
+    tmp_path: Path,
+) -> None:
+    # `Trainer(log_every_n_steps=0)` (what `barebones=True` sets) stopped the fit with a
+    # ZeroDivisionError at the first batch end.
+    logger = MemoryLogger()
+    _trainer(
+        tmp_path, ThroughputLogger(gpu_stats=False), max_steps=6, logger=logger, log_every_n_steps=0
+    ).fit(TimedModel(batch_size=4))
+    assert [step for step, m in logger.rows if f"{P}samples_per_sec" in m] == [6]
+
+
 # ---- GPU statistics ----------------------------------------------------------------------
 
 
