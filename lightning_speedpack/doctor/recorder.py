@@ -32,7 +32,6 @@ from lightning_speedpack.world.payload import (
 )
 from lightning_speedpack.world.revise import revise_figures, revise_findings
 from lightning_speedpack.world.same_batches import (
-    BATCHES,
     BatchPrints,
     data_parallel,
     repeated_batches_finding,
@@ -110,6 +109,7 @@ class RunRecorder(Callback):
         self._cpu_wait: float | None = None  # the fit thread's run-queue delay at fit start
         self._timed_loop: Any = None  # the epoch loop whose broadcast it times (DDP)
         self._prints = BatchPrints()  # the first batches of each epoch
+        self._next_print = 0  # the next batch of this epoch to print (-1: none left)
         self._digests: dict[str, str] = {}  # their digests, read at the end of fit
 
     def __getstate__(self) -> dict[str, Any]:
@@ -132,6 +132,7 @@ class RunRecorder(Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._clock.epoch_start(trainer.current_epoch)
+        self._next_print = self._prints.next_wanted(trainer.current_epoch, 0)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -150,10 +151,13 @@ class RunRecorder(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._clock.batch_start(time.perf_counter())
-        if batch_idx < BATCHES:  # the first batches of an epoch: printed (see world.same_batches)
+        # A few batches of the first epochs are printed (see world.same_batches): one compare a
+        # batch; -1 when none is left (a fit resumed mid-epoch prints from where it starts).
+        if batch_idx >= self._next_print >= 0:
             epoch = trainer.current_epoch
             if self._prints.wants(epoch, batch_idx):
                 self._prints.take(epoch, batch_idx, batch)
+            self._next_print = self._prints.next_wanted(epoch, batch_idx + 1)
 
     @override
     def on_before_backward(

@@ -14,14 +14,16 @@ worker, so the batches come in runs of equal ones (0 and 1, 2 and 3 with two wor
 epoch holds each sample ``num_workers`` times. PyTorch documents it; nothing warns.
 
 Each rank keeps a print of its first :data:`BATCHES` training batches in each of its first
-:data:`EPOCHS` epochs (:class:`BatchPrints`): up to :data:`TENSORS` tensors a batch, each its
-shape, dtype and :data:`SAMPLED` elements spread over it, cloned where the batch is (no
-host-device sync during the fit). The prints are read once, at the end of the fit, into short
-digests (the only copies to the host). A rank looks for equal prints inside an epoch
-(:func:`repeated_in_epoch`); under DDP the digests travel in the rank's payload and rank 0 groups
-the ranks whose digests agree on every batch both kept (:func:`find_same_batches`). Prints that
-are all alike (constant data, or as many workers as batches printed) tell nothing and are
-passed over.
+:data:`EPOCHS` epochs, and of the batches at :data:`LATER` (:class:`BatchPrints`): up to
+:data:`TENSORS` tensors a batch, each its shape, dtype and :data:`SAMPLED` elements spread over
+it, cloned where the batch is (no host-device sync during the fit). The prints are read once, at
+the end of the fit, into short digests (the only copies to the host). A rank looks for equal
+prints inside an epoch (:func:`repeated_in_epoch`); under DDP the digests travel in the rank's
+payload and rank 0 groups the ranks whose digests agree on every batch both kept
+(:func:`find_same_batches`). Prints that are all alike (constant data, or more workers reading
+the whole stream than the last print's index) tell nothing and are passed over. The later prints
+are for the many workers: with 8 of them each reading the whole stream, the first 8 batches are
+all one batch, and batch 16 is another (32 differs beyond 16 workers, 64 beyond 32).
 
 The prints of CUDA batches (kept on the GPU, copied at fit end) were exercised on the CPU only.
 """
@@ -41,6 +43,8 @@ from lightning_speedpack.core.nested import leaves
 __all__ = [
     "BATCHES",
     "EPOCHS",
+    "LAST_PRINTED",
+    "LATER",
     "BatchPrints",
     "data_parallel",
     "find_same_batches",
@@ -52,6 +56,9 @@ __all__ = [
 #: The batches printed at the start of each epoch, and the epochs printed.
 BATCHES = 8
 EPOCHS = 4
+#: Batches further into an epoch printed too (see the module's docstring), and the last of them.
+LATER = (16, 32, 64)
+LAST_PRINTED = LATER[-1]
 #: The tensors printed in a batch, and the elements kept of each (spread over it).
 TENSORS = 4
 SAMPLED = 64
@@ -99,6 +106,8 @@ class BatchPrints:
         >>> digests = prints.digests()
         >>> len(digests), digests["0:0"] == digests["1:0"] != digests["0:1"]
         (16, True)
+        >>> prints.wants(0, 16), prints.wants(0, 17), prints.wants(EPOCHS, 16)
+        (True, False, False)
     """
 
     def __init__(self) -> None:
@@ -106,7 +115,23 @@ class BatchPrints:
 
     def wants(self, epoch: int, batch_idx: int) -> bool:
         """Whether the batch ``batch_idx`` of ``epoch`` is one to print."""
-        return batch_idx < BATCHES and epoch < EPOCHS
+        return epoch < EPOCHS and (batch_idx < BATCHES or batch_idx in LATER)
+
+    def next_wanted(self, epoch: int, batch_idx: int) -> int:
+        """The first batch of ``epoch`` from ``batch_idx`` on to print (-1: none left).
+
+        Example:
+            >>> prints = BatchPrints()
+            >>> prints.next_wanted(0, 0), prints.next_wanted(0, 8), prints.next_wanted(0, 65)
+            (0, 16, -1)
+            >>> prints.next_wanted(EPOCHS, 0)
+            -1
+        """
+        if epoch >= EPOCHS:
+            return -1
+        if batch_idx < BATCHES:
+            return batch_idx
+        return next((b for b in LATER if b >= batch_idx), -1)
 
     def take(self, epoch: int, batch_idx: int, batch: Any) -> None:
         """Keep the print of ``batch`` (its tensors' shapes, dtypes and sampled elements)."""
@@ -180,9 +205,9 @@ def same_batches_finding(same: Mapping[str, Any]) -> Finding:
         >>> f = same_batches_finding({"groups": [[0, 1]], "world": 2, "batches": 32,
         ...                           "distinct": 1})
         >>> print(f.message)
-        every rank trained on the same batches (the first 8 of each epoch compared, 32 in all: \
-the same on ranks 0 and 1): the data was not split between the ranks, so each one repeated the \
-others' work: 2 ranks trained on the samples of 1
+        every rank trained on the same batches (the first 8 of each epoch and a few later ones \
+compared, 32 in all: the same on ranks 0 and 1): the data was not split between the ranks, so \
+each one repeated the others' work: 2 ranks trained on the samples of 1
         >>> f.figures["wall_fraction"]
         0.5
     """
@@ -190,8 +215,8 @@ others' work: 2 ranks trained on the samples of 1
     world, distinct = int(same["world"]), int(same["distinct"])
     listed = "; ".join(f"ranks {_ranks(g)}" for g in groups)
     compared = (
-        f"the first {BATCHES} of each epoch compared, {same['batches']} in all: "
-        f"the same on {listed}"
+        f"the first {BATCHES} of each epoch and a few later ones compared, {same['batches']} in "
+        f"all: the same on {listed}"
     )
     who = "every rank" if len(groups) == 1 and len(groups[0]) == world else "some ranks"
     message = (
@@ -220,36 +245,72 @@ _REPEATED_FIX = (
 def repeated_in_epoch(digests: Mapping[str, str]) -> dict[str, Any] | None:
     """The first epoch whose printed batches repeat, not all alike (None: none repeats).
 
-    ``digests``: :meth:`BatchPrints.digests`. ``groups`` lists the batch indices with one print.
+    ``digests``: :meth:`BatchPrints.digests`. ``groups`` lists the batch indices with one print,
+    ``printed`` the batches compared; ``head`` and ``head_distinct`` count the first
+    consecutive ones and their distinct prints (what the repeated share is read from).
 
     Example:
         >>> two_workers = {"0:0": "a", "0:1": "a", "0:2": "b", "0:3": "b", "0:4": "c"}
-        >>> repeated_in_epoch(two_workers)
-        {'epoch': 0, 'groups': [[0, 1], [2, 3]], 'compared': 5, 'distinct': 3}
+        >>> r = repeated_in_epoch(two_workers)
+        >>> r["groups"], r["head"], r["head_distinct"]
+        ([[0, 1], [2, 3]], 5, 3)
         >>> repeated_in_epoch({"0:0": "a", "0:1": "a", "0:2": "a"}) is None  # all alike
         True
+        >>> many = {**{f"0:{i}": "a" for i in range(8)}, "0:16": "b"}  # 8 workers or more
+        >>> repeated_in_epoch(many)["groups"]
+        [[0, 1, 2, 3, 4, 5, 6, 7]]
     """
     epochs: dict[int, dict[int, str]] = {}
     for key, digest in digests.items():
         epoch, batch = _order(key)
         epochs.setdefault(epoch, {})[batch] = digest
     for epoch in sorted(epochs):
+        prints = epochs[epoch]
         by_print: dict[str, list[int]] = {}
-        for batch in sorted(epochs[epoch]):
-            by_print.setdefault(epochs[epoch][batch], []).append(batch)
+        for batch in sorted(prints):
+            by_print.setdefault(prints[batch], []).append(batch)
         groups = [g for g in by_print.values() if len(g) > 1]
         if groups and len(by_print) > 1:
-            compared, distinct = len(epochs[epoch]), len(by_print)
-            return {"epoch": epoch, "groups": groups, "compared": compared, "distinct": distinct}
+            head = [prints[b] for b in sorted(prints) if b < BATCHES]
+            return {
+                "epoch": epoch,
+                "groups": groups,
+                "printed": sorted(prints),
+                "distinct": len(by_print),
+                "head": len(head),
+                "head_distinct": len(set(head)),
+            }
     return None
+
+
+def _batches(group: list[int]) -> str:
+    """Batch indices for a message: a run of three or more as a span."""
+    if len(group) > 2 and group == list(range(group[0], group[-1] + 1)):
+        return f"{group[0]} to {group[-1]}"
+    return _ranks(group)
+
+
+def _printed(printed: list[int]) -> str:
+    head = [b for b in printed if b < BATCHES]
+    later = [b for b in printed if b >= BATCHES]
+    first = f"its first {len(head)} batches"
+    return (
+        first
+        if not later
+        else f"{first} and batches {_ranks(later) if len(later) > 1 else later[0]}"
+    )
 
 
 def repeated_batches_finding(repeated: Mapping[str, Any]) -> Finding:
     """The ``data/repeated-batches`` warning: an epoch that holds its batches more than once.
 
+    The share of repeated work is read from the first batches (``1 - distinct/compared``
+    there): with as many workers as those or more it is a floor (7/8 for 8 and beyond).
+
     Example:
         >>> f = repeated_batches_finding({"epoch": 0, "groups": [[0, 1], [2, 3]],
-        ...                               "compared": 4, "distinct": 2})
+        ...                               "printed": [0, 1, 2, 3], "distinct": 2,
+        ...                               "head": 4, "head_distinct": 2})
         >>> print(f.message)
         the same batch came more than once in epoch 0 (of its first 4 batches, only 2 \
 differ: batches 0 and 1 are one; 2 and 3 too): a stream (IterableDataset) that every \
@@ -259,21 +320,22 @@ DataLoader worker reads whole yields each sample once per worker
     """
     groups = [list(g) for g in repeated["groups"]]
     shown = "; ".join(
-        _ranks(g) + (" are one" if k == 0 else " too") for k, g in enumerate(groups[:4])
+        _batches(g) + (" are one" if k == 0 else " too") for k, g in enumerate(groups[:4])
     )
-    compared, distinct = int(repeated["compared"]), int(repeated["distinct"])
+    printed, distinct = list(repeated["printed"]), int(repeated["distinct"])
     message = (
-        f"the same batch came more than once in epoch {repeated['epoch']} (of its first "
-        f"{compared} batches, only {distinct} differ: batches {shown}): a stream "
+        f"the same batch came more than once in epoch {repeated['epoch']} (of "
+        f"{_printed(printed)}, only {distinct} differ: batches {shown}): a stream "
         "(IterableDataset) that every DataLoader worker reads whole yields each sample once per "
         "worker"
     )
+    head, head_distinct = int(repeated["head"]), int(repeated["head_distinct"])
     return Finding(
         "data",
         "repeated-batches",
         message,
         location="train_dataloader",
-        figures={"wall_fraction": round(1.0 - distinct / compared, 4), "groups": groups},
+        figures={"wall_fraction": round(1.0 - head_distinct / head, 4), "groups": groups},
         severity="warning",
         fix=_REPEATED_FIX,
     )

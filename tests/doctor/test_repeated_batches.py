@@ -114,9 +114,9 @@ class Stream(IterableDataset[tuple[torch.Tensor, int]]):
 
 
 class StreamModel(LightningModule):
-    def __init__(self, by_worker: bool) -> None:
+    def __init__(self, by_worker: bool, workers: int) -> None:
         super().__init__()
-        self.by_worker = by_worker
+        self.by_worker, self.workers = by_worker, workers
         self.net = nn.Linear(32, 4)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -127,25 +127,38 @@ class StreamModel(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def train_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(Stream(self.by_worker), batch_size=8, num_workers=2)
+        return DataLoader(Stream(self.by_worker), batch_size=8, num_workers=self.workers)
 
 
-@pytest.mark.parametrize("by_worker", [False, True], ids=["whole", "by-worker"])
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 8 workers on 2 cores
+@pytest.mark.parametrize(
+    ("by_worker", "workers"),
+    [(False, 2), (True, 2), (False, 8)],
+    ids=["whole", "by-worker", "whole-8-workers"],
+)
 def test_a_stream_every_worker_reads_whole_is_named_in_one_process(
-    tmp_path: Path, by_worker: bool
+    tmp_path: Path, by_worker: bool, workers: int
 ) -> None:
     session = DoctorSession()
     with session.installed():
         trainer = Trainer(**quiet_trainer_kwargs(tmp_path, max_epochs=1))
-    trainer.fit(StreamModel(by_worker))
+    trainer.fit(StreamModel(by_worker, workers))
     report = session.report()
     repeated = [f for f in report.findings if f.id == "repeated-batches"]
-    assert trainer.global_step == (16 if by_worker else 32)  # each worker's copy, or its half
+    # each worker's copy of the 16 batches, or its part of them
+    assert trainer.global_step == (16 if by_worker else 16 * workers)
     if by_worker:
         assert repeated == []
         assert report.runs[0].figures["repeated_batches"] is None
         return
     (finding,) = repeated
     assert finding.severity == "warning"
-    assert "batches 0 and 1 are one; 2 and 3 too;" in finding.message
-    assert report.runs[0].figures["repeated_batches"]["groups"][:2] == [[0, 1], [2, 3]]
+    groups = report.runs[0].figures["repeated_batches"]["groups"]
+    if workers == 2:
+        assert "batches 0 and 1 are one; 2 and 3 too;" in finding.message
+        assert groups[:2] == [[0, 1], [2, 3]]
+        return
+    # 8 workers: the first 8 batches are all one (before, taken for constant data: no warning)
+    assert "batches 0 to 7 are one" in finding.message
+    assert groups[0] == list(range(8))
+    assert finding.figures["wall_fraction"] == 0.875

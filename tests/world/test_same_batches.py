@@ -13,6 +13,7 @@ from lightning_speedpack.world.findings import world_findings
 from lightning_speedpack.world.same_batches import (
     BATCHES,
     EPOCHS,
+    LATER,
     BatchPrints,
     data_parallel,
     find_same_batches,
@@ -39,9 +40,10 @@ def _stream(seed: int, n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def test_the_first_batches_of_the_first_epochs_are_printed() -> None:
-    digests = _prints(_stream(0, BATCHES + 3), epochs=EPOCHS + 2)
-    assert sorted(digests) == [f"{e}:{b}" for e in range(EPOCHS) for b in range(BATCHES)]
+def test_the_first_batches_of_the_first_epochs_are_printed_and_a_few_later_ones() -> None:
+    digests = _prints(_stream(0, LATER[1] + 3), epochs=EPOCHS + 2)
+    printed = [*range(BATCHES), *LATER[:2]]  # the stream ends before the last of LATER
+    assert sorted(digests) == sorted(f"{e}:{b}" for e in range(EPOCHS) for b in printed)
 
 
 def test_a_print_tells_batches_apart_by_values_shape_and_dtype() -> None:
@@ -140,8 +142,10 @@ def test_a_stream_each_worker_reads_whole_repeats_its_batches_in_runs() -> None:
     assert repeated == {
         "epoch": 0,
         "groups": [[0, 1], [2, 3], [4, 5]],
-        "compared": 6,
+        "printed": [0, 1, 2, 3, 4, 5],
         "distinct": 3,
+        "head": 6,
+        "head_distinct": 3,
     }
     finding = repeated_batches_finding(repeated)
     assert (finding.component, finding.id, finding.severity) == (
@@ -154,6 +158,24 @@ def test_a_stream_each_worker_reads_whole_repeats_its_batches_in_runs() -> None:
     )
     assert finding.figures["wall_fraction"] == 0.5
     assert "get_worker_info()" in (finding.fix or "")
+
+
+def test_as_many_workers_as_the_first_batches_printed_are_told_from_constant_data() -> None:
+    # 12 workers that each read the whole stream: batches 0-11 are one batch, 12-23 the next
+    own = _stream(0, 6)
+    twelve_workers = [own[i // 12] for i in range(40)]
+    repeated = repeated_in_epoch(_prints(twelve_workers))
+    assert repeated is not None
+    assert repeated["groups"] == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    assert repeated["printed"] == [0, 1, 2, 3, 4, 5, 6, 7, 16, 32]
+    finding = repeated_batches_finding(repeated)
+    assert (
+        "(of its first 8 batches and batches 16 and 32, only 3 differ: batches 0 to 7 are one)"
+        in finding.message
+    )
+    assert finding.figures["wall_fraction"] == 0.875  # a floor: 7 of 8 at least
+    # data that is the same in every batch, the later ones too, is still constant data
+    assert repeated_in_epoch(_prints([(torch.ones(8, 4),)] * 40)) is None
 
 
 def test_batches_that_differ_or_are_all_alike_do_not_repeat() -> None:
