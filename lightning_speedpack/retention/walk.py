@@ -58,6 +58,10 @@ _SKIP_PREFIXES = (
     "threading",
     "multiprocessing",
     "concurrent.",
+    "typing",  # annotations (a wrapped function's ``__annotations__``): never a tensor
+    # The pack's own objects (its wrapper of the module's ``log``, a callback's state) hold no
+    # graph of the user's; its walk roots (``AttrRoot``) are classified before this.
+    __name__.split(".", 1)[0] + ".",
 )
 _SKIP_TYPES: tuple[type, ...] = (
     type,
