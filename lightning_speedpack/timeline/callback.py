@@ -365,13 +365,8 @@ class StepTimeline(Callback):
         if window is not None and window.should_stop(step):
             self._finish_window(trainer)
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        # `log_every_n_steps=0` (and `barebones=True`): Lightning logs no step, nor does this
-        if (
-            every
-            and step % every == 0
-            and step != self._last_logged_step
-            and self._clock.window.batches
-        ):
+        due = every and step % every == 0 and step != self._last_logged_step  # 0: logs no step
+        if due and self._clock.window.batches:
             self._publish_transfer()  # once per logging window, not per batch
             self._log(trainer)
         self._open_step(trainer)

@@ -32,7 +32,7 @@ from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.wall_time.collector import CollectorClock, carve_collections
-from lightning_speedpack.wall_time.findings import RunSettings, ValidationRun, wall_findings
+from lightning_speedpack.wall_time.findings import wall_findings
 from lightning_speedpack.wall_time.ledger import (
     CALLBACK_PREFIX,
     PARTS,
@@ -41,6 +41,7 @@ from lightning_speedpack.wall_time.ledger import (
     part_of,
     share_out,
 )
+from lightning_speedpack.wall_time.settings import RunSettings, ValidationRun
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl

@@ -13,18 +13,14 @@ this module need not import the callback that imports it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-from torch.utils.data import DataLoader
-
 from lightning_speedpack.core.findings import Finding, Severity
 from lightning_speedpack.core.locations import is_library_file
-from lightning_speedpack.core.nested import leaves
 from lightning_speedpack.wall_time.collector import COLLECTION, CollectorClock
 from lightning_speedpack.wall_time.ledger import Ledger
+from lightning_speedpack.wall_time.settings import RunSettings, ValidationRun
 
 __all__ = [
     "CALLBACK_SHARE",
@@ -50,61 +46,6 @@ GC_SHARE = 0.05
 SMALL_BATCH = 8
 _COMPONENT = "wall_time"
 _HEAVY_PROFILERS = ("AdvancedProfiler", "PyTorchProfiler", "XLAProfiler")
-
-
-@dataclass
-class ValidationRun:
-    """One run of the validation loop: its seconds, batches and samples."""
-
-    seconds: float = 0.0
-    batches: int = 0
-    samples: int = 0
-
-
-@dataclass
-class RunSettings:
-    """The settings of the run that the findings name, read once at ``on_train_start``."""
-
-    cores: int = 1
-    threads: int = 1
-    local_processes: int = 1
-    workers: int = 0
-    persistent_workers: bool = False
-    anomaly: bool = False
-    deterministic: bool = False
-    profiler: str | None = None
-    device: str = "cpu"
-    log_every_n_steps: int = 50
-    val_check_interval: Any = 1.0
-    check_val_every_n_epoch: Any = 1
-    limit_val_batches: Any = 1.0
-    progress_refresh: int | None = None
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    batch_size: int | None = None
-
-    @classmethod
-    def read(cls, trainer: Any, *, cores: int) -> RunSettings:
-        """Read the settings from ``trainer`` (and torch's global switches) now."""
-        loader = _train_loader(trainer)
-        profiler = type(trainer.profiler).__name__
-        bar = trainer.progress_bar_callback
-        return cls(
-            cores=cores,
-            threads=torch.get_num_threads(),
-            local_processes=int(getattr(trainer.strategy, "num_processes", 1) or 1),
-            workers=int(getattr(loader, "num_workers", 0) or 0),
-            persistent_workers=bool(getattr(loader, "persistent_workers", False)),
-            anomaly=torch.is_anomaly_enabled(),
-            deterministic=torch.are_deterministic_algorithms_enabled(),
-            profiler=None if profiler == "PassThroughProfiler" else profiler,
-            device=trainer.strategy.root_device.type,
-            log_every_n_steps=trainer.log_every_n_steps,
-            val_check_interval=trainer.val_check_interval,
-            check_val_every_n_epoch=trainer.check_val_every_n_epoch,
-            limit_val_batches=trainer.limit_val_batches,
-            progress_refresh=getattr(bar, "refresh_rate", None) if bar is not None else None,
-            checkpoints=[_checkpoint_settings(cb) for cb in trainer.checkpoint_callbacks],
-        )
 
 
 class LedgerReadings(Protocol):
@@ -143,21 +84,6 @@ class LedgerReadings(Protocol):
     def fractions(self) -> dict[str, float]:
         """Each part's share of :attr:`total_s`."""
         ...
-
-
-def _train_loader(trainer: Any) -> DataLoader[Any] | None:
-    loaders = leaves(trainer.train_dataloader, DataLoader)  # one, or a list or mapping of them
-    return loaders[0] if loaders else None
-
-
-def _checkpoint_settings(callback: Any) -> dict[str, Any]:
-    return {
-        "every_n_train_steps": getattr(callback, "_every_n_train_steps", None),
-        "every_n_epochs": getattr(callback, "_every_n_epochs", None),
-        "save_top_k": getattr(callback, "save_top_k", None),
-        "save_weights_only": getattr(callback, "save_weights_only", None),
-        "save_last": getattr(callback, "save_last", None),
-    }
 
 
 def wall_findings(ledger: LedgerReadings) -> list[Finding]:
@@ -292,19 +218,46 @@ def _epoch_starts(ledger: LedgerReadings, share: float, s: RunSettings) -> list[
                 epochs=len(starts),
             )
         ]
+    if len(starts) > 1 and starts[0] < 0.8 * seconds:  # paid again at every epoch
+        what, fix = "the loader's first batch, paid once per epoch", _FIRST_ITEM_FIX
+    else:
+        what, fix = _paid_once(starts, s)
     return [
         _finding(
             "epoch-start-time",
             f"starting epochs took {share:.0%} of the wall time ({_secs(seconds)} over "
-            f"{len(starts)} epochs): the loader's first batch, paid once per epoch",
+            f"{len(starts)} epochs): {what}",
             share,
             seconds,
-            "make the dataset's first item cheap (open files lazily in each worker) or train "
-            "longer per epoch",
+            fix,
             severity="info",
             epochs=len(starts),
         )
     ]
+
+
+_FIRST_ITEM_FIX = (
+    "make the dataset's first item cheap (open files lazily in each worker) or train longer per "
+    "epoch"
+)
+
+
+def _paid_once(starts: list[float], s: RunSettings) -> tuple[str, str]:
+    """What the first epoch's start was, when it held (nearly) all of it, and what to change."""
+    rest = starts[1:]
+    others = f" (the others {_each(sum(rest) / len(rest))} each)" if len(rest) > 1 else ""
+    others = f" (the second {_secs(rest[0])})" if len(rest) == 1 else others
+    what = f"the first epoch's first batch took {_secs(starts[0])}{others}, once per fit"
+    if s.workers and s.worker_start in ("spawn", "forkserver"):
+        # Each worker process started so imports torch and the script anew: seconds apiece.
+        return (
+            f"{what}: its {s.workers} DataLoader workers start with {s.worker_start!r}, each "
+            "importing torch and the script anew",
+            "`DataLoader(multiprocessing_context='fork')` (Linux's default) starts workers in "
+            "milliseconds, where the dataset is safe to fork; fewer workers start sooner; a "
+            "longer fit pays it once all the same",
+        )
+    return what, _FIRST_ITEM_FIX
 
 
 #: Callbacks whose time is trials run once per fit at its start, asked for by the user (the
