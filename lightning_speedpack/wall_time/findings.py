@@ -95,7 +95,7 @@ def wall_findings(ledger: LedgerReadings) -> list[Finding]:
         *_checkpoint(ledger, shares["checkpoint"], settings),
         *_logging(ledger, shares["logging"], settings),
         *_epoch_starts(ledger, shares["epoch_start"], settings),
-        *_callbacks(ledger),
+        *_callbacks(ledger, settings),
         *_collections(ledger, shares.get(COLLECTION, 0.0)),
         *_collect_calls(ledger),
         *_settings(ledger, shares["training_step"], settings),
@@ -269,7 +269,7 @@ TRIAL_CALLBACKS = frozenset({"WhatIf", "BatchSizeTuner"})
 PROBE_HOOKS = {"DataPipelineProfiler": "on_train_start"}
 
 
-def _callbacks(ledger: LedgerReadings) -> list[Finding]:
+def _callbacks(ledger: LedgerReadings, s: RunSettings) -> list[Finding]:
     total = ledger.total_s
     own = ledger.doctor_callbacks
     out = []
@@ -294,6 +294,9 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
                 continue
         if name in own and name not in TRIAL_CALLBACKS:
             out.append(_doctor_cost_finding(name, share, seconds, top))
+            continue
+        if name in s.searches:  # Lightning's search: trial steps, not a per-step cost
+            out.append(_search_finding(name, s.searches[name], share, seconds, top))
             continue
         if name in TRIAL_CALLBACKS:  # asked for: trials once per fit, not a per-step cost
             out.append(
@@ -323,6 +326,23 @@ def _callbacks(ledger: LedgerReadings) -> list[Finding]:
             )
         )
     return out
+
+
+def _search_finding(name: str, found: str, share: float, seconds: float, top: str) -> Finding:
+    """Lightning's ``BatchSizeFinder``/``LearningRateFinder``: a search of trial steps."""
+    setting = found.rsplit(" ", 1)[0] if found else "setting"
+    return _finding(
+        "callback-time",
+        f"{name}'s search took {share:.0%} of the wall time ({_secs(seconds)}: {top}): trial "
+        f"steps at each candidate, run when the fit starts (and where a subclass runs it again)"
+        + (f"; it found {found}" if found else ""),
+        share,
+        seconds,
+        f"once the search has found the {setting}, put it in your code and leave {name} out of "
+        "the runs that follow",
+        severity="info",
+        callback=name,
+    )
 
 
 _COLLECTION_FIX = (

@@ -13,9 +13,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_speedpack.core.hook_hub import callbacks_of
 from lightning_speedpack.core.nested import leaves
 
-__all__ = ["RunSettings", "ValidationRun"]
+__all__ = ["SEARCHES", "RunSettings", "ValidationRun"]
+
+#: Lightning's callbacks that search a setting with trial steps, and the setting they search.
+SEARCHES = {"BatchSizeFinder": "batch size", "LearningRateFinder": "learning rate"}
 
 
 @dataclass
@@ -47,6 +51,9 @@ class RunSettings:
     limit_val_batches: Any = 1.0
     progress_refresh: int | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    #: Lightning's searches among the callbacks (``BatchSizeFinder``, ``LearningRateFinder``, or
+    #: a subclass): class name -> what it found ("batch size 256"), "" when not yet known
+    searches: dict[str, str] = field(default_factory=dict)
     batch_size: int | None = None
 
     @classmethod
@@ -72,6 +79,7 @@ class RunSettings:
             limit_val_batches=trainer.limit_val_batches,
             progress_refresh=getattr(bar, "refresh_rate", None) if bar is not None else None,
             checkpoints=[_checkpoint_settings(cb) for cb in trainer.checkpoint_callbacks],
+            searches=_searches(callbacks_of(trainer)),
         )
 
 
@@ -102,3 +110,43 @@ def _checkpoint_settings(callback: Any) -> dict[str, Any]:
         "save_weights_only": getattr(callback, "save_weights_only", None),
         "save_last": getattr(callback, "save_last", None),
     }
+
+
+def _searches(callbacks: list[Any]) -> dict[str, str]:
+    """Lightning's setting searches among ``callbacks`` (a subclass too), with what each found.
+
+    Example:
+        >>> from pytorch_lightning.callbacks import BatchSizeFinder, LearningRateFinder
+        >>> class Milestones(BatchSizeFinder): ...
+        >>> found = Milestones()
+        >>> found.optimal_batch_size = 256
+        >>> _searches([found, LearningRateFinder(), object()])
+        {'Milestones': 'batch size 256', 'LearningRateFinder': ''}
+    """
+    out = {}
+    for callback in callbacks:
+        setting = next(
+            (SEARCHES[c.__name__] for c in type(callback).__mro__ if _lightning_search(c)), None
+        )
+        if setting is not None:
+            out[type(callback).__name__] = _found(callback, setting)
+    return out
+
+
+def _lightning_search(cls: type) -> bool:
+    return cls.__name__ in SEARCHES and cls.__module__.split(".")[0] in (
+        "pytorch_lightning",
+        "lightning",
+    )
+
+
+def _found(callback: Any, setting: str) -> str:
+    if setting == "batch size":
+        size = getattr(callback, "optimal_batch_size", None)
+        return f"batch size {size}" if isinstance(size, int) else ""
+    finder = getattr(callback, "optimal_lr", None)
+    try:
+        lr = finder.suggestion() if finder is not None else None
+    except Exception:  # a search cut short has no suggestion
+        lr = None
+    return f"learning rate {lr:.3g}" if isinstance(lr, float) else ""

@@ -462,3 +462,23 @@ def test_a_callback_the_doctor_attached_is_its_measuring_cost_not_the_jobs(
     (users,) = [f for f in ledger.doctor_findings() if f.id == "callback-time"]
     assert users.severity == "warning"  # the user's own callback stays the job's
     assert users.message.startswith("the hooks of callback EndsSlowly took ")
+
+
+@each_namespace
+def test_lightnings_batch_size_search_is_an_info_with_what_it_found(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # BatchSizeFinder's trials at fit start were told "make its hooks cheaper (run its work
+    # every N steps, or off the training thread)", a warning: they are a search, run once.
+    finder = ns.sub("callbacks").BatchSizeFinder(init_val=2, max_trials=3, steps_per_trial=2)
+    ledger, _, _ = _fit(
+        ns, tmp_path, _model(ns.name)(batch_size=2), [finder], max_epochs=1, limit_train_batches=2
+    )
+    (finding,) = [
+        f for f in ledger.doctor_findings() if f.figures.get("callback") == "BatchSizeFinder"
+    ]
+    assert finding.severity == "info"
+    assert finding.message.startswith("BatchSizeFinder's search took ")
+    assert finding.message.endswith(f"; it found batch size {finder.optimal_batch_size}")
+    assert "cheaper" not in (finding.fix or "")
+    assert "put it in your code" in (finding.fix or "")
