@@ -1,7 +1,9 @@
 """Whose call a sync is: the user's frame (reported there), Lightning's, or dataset code's.
 
 Attribution walks the Python stack from the call: frames inside torch, numpy, the standard
-library and this tool are skipped. Frames of any other installed library (torchmetrics,
+library and this tool are skipped. A few torch functions that sync on an input the
+caller could have described (:data:`_TORCH_SYNCS`: nn.Transformer's causal-mask check) are kept
+as the library too. Frames of any other installed library (torchmetrics,
 Hugging Face, ...: a file under ``site-packages``) are passed over too, remembered as the
 library the sync happened in: the sync is placed at the line that called into the library
 (the user's, or Lightning's), never at a line in site-packages alone. If the first remaining
@@ -77,6 +79,11 @@ _STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
 _OWN_DIR = os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), ""))
 _GENERIC_FRAMEWORK = ("apply_func.py", "lightning_utilities")
 
+_TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
+#: torch's own Python functions that sync on an input the caller could have described, whose
+#: frame is kept as the library the sync happened in (any other torch frame is passed over).
+_TORCH_SYNCS = frozenset({"_detect_is_causal_mask"})
+
 _SKIP, _FRAMEWORK, _USER, _DATA, _LIBRARY = 0, 1, 2, 3, 4
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 _CATEGORY: dict[str, int] = {}
@@ -132,7 +139,7 @@ def attribute(frame: FrameType | None) -> Attribution | None:
         cat = _category(f.f_code.co_filename)
         if cat == _DATA:
             return None
-        if cat == _LIBRARY:
+        if cat == _LIBRARY or (cat == _SKIP and _torch_sync(f)):
             library = library or f
         elif cat != _SKIP:
             break
@@ -158,6 +165,11 @@ def attribute(frame: FrameType | None) -> Attribution | None:
             return None
         up = up.f_back
     return Attribution(found, origin, None if library is found else library)
+
+
+def _torch_sync(frame: FrameType) -> bool:
+    code = frame.f_code
+    return code.co_name in _TORCH_SYNCS and code.co_filename.startswith(_TORCH_DIR)
 
 
 def attribute_frame(frame: FrameType | None) -> tuple[FrameType, Origin] | None:
@@ -202,7 +214,7 @@ def library_calls(frame: FrameType | None) -> tuple[str, ...]:
     f = frame
     while f is not None:
         cat = _category(f.f_code.co_filename)
-        if cat == _LIBRARY and "<locals>" not in (name := _qualname(f)):
+        if (cat == _LIBRARY or _torch_sync(f)) and "<locals>" not in (name := _qualname(f)):
             names.append(name)
         elif cat != _SKIP:
             break
@@ -340,6 +352,14 @@ def library_fix(library: str, kind: str, location: str = "", calls: Sequence[str
         )
     if library == "transformers":
         return _transformers_fix(kind, calls)
+    if library == "torch" and "_detect_is_causal_mask" in calls:
+        return (
+            "torch's nn.Transformer (its encoder and decoder) compares the attention mask it is "
+            "given with a causal mask on every forward (_detect_is_causal_mask), to find out "
+            "whether it is causal: say so, `nn.Transformer(...)(src, tgt, tgt_mask=mask, "
+            "tgt_is_causal=True)` (`src_is_causal=`; `is_causal=` for TransformerEncoder and "
+            "TransformerDecoder), True for a causal mask, False otherwise"
+        )
     if library in ("datasets", "accelerate"):
         return (
             f"Hugging Face {library} syncs inside this call ({kind}); call it every N steps or "
