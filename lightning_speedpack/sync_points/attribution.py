@@ -402,8 +402,10 @@ def framework_fix(finding: SyncFinding) -> str:
             "the progress bar reads logged values every refresh: enable_progress_bar=False, "
             "fewer prog_bar=True values, or a larger refresh_rate"
         )
-    if finding.library == "torchmetrics":
-        return library_fix(finding.library, finding.kind)
+    if finding.library:  # a library Lightning's code called (torchmetrics; torch's nn modules)
+        return library_fix(
+            finding.library, finding.kind, finding.library_location, finding.library_calls
+        )
     if "logger_connector" in where or "result" in where:
         return "logged values are read when written: raise Trainer(log_every_n_steps=...)"
     if finding.kind == "pageable copy":

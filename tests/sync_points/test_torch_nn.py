@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_speedpack.sync_points.attribution import library_fix
+from lightning_speedpack.sync_points.attribution import framework_fix, library_fix
 from tests.helpers import global_state
 from tests.sync_points.test_detect import _watch
 
@@ -73,3 +73,17 @@ def test_torchs_other_frames_still_report_at_the_users_line(clean_state: None) -
     det = _watch(shown, include_cpu=True)
     assert det.findings()
     assert all(not f.library for f in det.findings())
+
+
+def test_lightnings_demo_transformer_gets_torchs_remedy(clean_state: None) -> None:
+    # Lightning's own demo model (the quickstart's) passes a causal mask without saying so: the
+    # sync is Lightning's file's, and its fix is torch's, not "a Lightning internal".
+    from pytorch_lightning.demos import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(vocab_size=50, ninp=16, nhead=2, nhid=32, nlayers=1)
+    tokens = torch.randint(0, 50, (2, 6))
+    det = _watch(lambda: model(tokens, tokens), include_cpu=True)
+    (found,) = [f for f in det.findings() if f.kind == "bool"]
+    assert (found.origin, found.library) == ("framework", "torch")
+    assert "tgt_is_causal=True" in framework_fix(found)
