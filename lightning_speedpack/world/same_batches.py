@@ -43,7 +43,6 @@ from lightning_speedpack.core.nested import leaves
 __all__ = [
     "BATCHES",
     "EPOCHS",
-    "LAST_PRINTED",
     "LATER",
     "BatchPrints",
     "data_parallel",
@@ -56,9 +55,8 @@ __all__ = [
 #: The batches printed at the start of each epoch, and the epochs printed.
 BATCHES = 8
 EPOCHS = 4
-#: Batches further into an epoch printed too (see the module's docstring), and the last of them.
+#: Batches further into an epoch printed too (see the module's docstring).
 LATER = (16, 32, 64)
-LAST_PRINTED = LATER[-1]
 #: The tensors printed in a batch, and the elements kept of each (spread over it).
 TENSORS = 4
 SAMPLED = 64
@@ -191,7 +189,9 @@ def find_same_batches(prints: Mapping[int, Mapping[str, str]]) -> dict[str, Any]
     if not groups:
         return None
     distinct = len(by_print)
-    return {"groups": groups, "world": len(ranks), "batches": len(common), "distinct": distinct}
+    later = sorted({b for key in common if (b := _order(key)[1]) >= BATCHES})
+    found = {"groups": groups, "world": len(ranks), "batches": len(common), "distinct": distinct}
+    return {**found, "later": later} if later else found
 
 
 def _ranks(group: list[int]) -> str:
@@ -205,18 +205,24 @@ def same_batches_finding(same: Mapping[str, Any]) -> Finding:
         >>> f = same_batches_finding({"groups": [[0, 1]], "world": 2, "batches": 32,
         ...                           "distinct": 1})
         >>> print(f.message)
-        every rank trained on the same batches (the first 8 of each epoch and a few later ones \
-compared, 32 in all: the same on ranks 0 and 1): the data was not split between the ranks, so \
-each one repeated the others' work: 2 ranks trained on the samples of 1
+        every rank trained on the same batches (the first 8 of each epoch compared, 32 in all: the \
+same on ranks 0 and 1): the data was not split between the ranks, so each one repeated the \
+others' work: 2 ranks trained on the samples of 1
         >>> f.figures["wall_fraction"]
         0.5
     """
     groups = [list(g) for g in same["groups"]]
     world, distinct = int(same["world"]), int(same["distinct"])
     listed = "; ".join(f"ranks {_ranks(g)}" for g in groups)
+    later = list(same.get("later") or [])
+    also = (
+        f" and {'batches ' + _ranks(later) if len(later) > 1 else f'batch {later[0]}'}"
+        if later
+        else ""
+    )
     compared = (
-        f"the first {BATCHES} of each epoch and a few later ones compared, {same['batches']} in "
-        f"all: the same on {listed}"
+        f"the first {BATCHES} of each epoch{also} compared, {same['batches']} in all: "
+        f"the same on {listed}"
     )
     who = "every rank" if len(groups) == 1 and len(groups[0]) == world else "some ranks"
     message = (

@@ -183,3 +183,14 @@ def test_batches_that_differ_or_are_all_alike_do_not_repeat() -> None:
     assert repeated_in_epoch(_prints([(torch.ones(8, 4),)] * 6)) is None  # constant data
     # the same batches epoch after epoch (a stream not shuffled) are not a repeat in an epoch
     assert repeated_in_epoch(_prints(_stream(0, 3), epochs=3)) is None
+
+
+def test_the_later_batches_compared_are_named_in_the_finding() -> None:
+    shared = _prints(_stream(0, LATER[0] + 1))  # the first 8 and batch 16 of 2 epochs
+    same = find_same_batches({0: shared, 1: shared})
+    assert same is not None
+    assert same["later"] == [LATER[0]]
+    message = same_batches_finding(same).message
+    assert (
+        f"(the first {BATCHES} of each epoch and batch {LATER[0]} compared, 18 in all:" in message
+    )
