@@ -58,7 +58,6 @@ _SKIP_PREFIXES = (
     "threading",
     "multiprocessing",
     "concurrent.",
-    "typing",  # annotations (a wrapped function's ``__annotations__``): never a tensor
     # The pack's own objects (its wrapper of the module's ``log``, a callback's state) hold no
     # graph of the user's; its walk roots (``AttrRoot``) are classified before this.
     __name__.split(".", 1)[0] + ".",
@@ -155,7 +154,8 @@ def _classify(cls: type) -> int:
         return _FUNC
     if issubclass(cls, (set, frozenset)):
         return _SET
-    if module.startswith(_SKIP_PREFIXES) or module == "builtins":
+    # typing: annotations (a wrapped function's ``__annotations__``), never a tensor
+    if module.startswith(_SKIP_PREFIXES) or module in ("builtins", "typing"):
         return _SKIP
     return _PLAIN
 
