@@ -17,6 +17,7 @@ __all__ = [
     "SAMPLED_FROM_STEP",
     "check_sample_every",
     "end_due",
+    "log_interval",
     "next_sampled",
     "sampled",
 ]
@@ -61,6 +62,22 @@ def check_sample_every(value: Any) -> int:
     if value < 1:
         raise ValueError(f"`sample_every_n_steps` must be >= 1 (1: every step), got {value}")
     return value
+
+
+def log_interval(own: int | None, trainer: Any) -> int:
+    """A tool's logging cadence in steps: its own ``log_every_n_steps``, else the Trainer's.
+
+    0 logs no step, as Lightning logs none (``Trainer(log_every_n_steps=0)``, what
+    ``barebones=True`` sets): a tool checks it before dividing by it.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> log_interval(None, SimpleNamespace(log_every_n_steps=20)), log_interval(5, None)
+        (20, 5)
+        >>> log_interval(None, SimpleNamespace(log_every_n_steps=0)), log_interval(None, None)
+        (0, 50)
+    """
+    return own or int(getattr(trainer, "log_every_n_steps", 50))
 
 
 def end_due(step: int, every: int, log_every: int) -> int:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from typing_extensions import override
 
+from lightning_speedpack.core import sampling
 from lightning_speedpack.core import stages as _stages
 from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.findings import Finding
@@ -226,7 +227,7 @@ class DataPipelineProfiler(Callback):
         self._epoch_totals, self._ours_cached, self._unmeasured = PipelineTotals(), False, []
         self.not_timed, self._loader_fix = None, None
         self._sizer = BatchSizer()
-        self._every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        self._every = sampling.log_interval(self.log_every_n_steps, trainer)
         self._loaders.new_fit()
         self._loaders.shadow(trainer)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from typing_extensions import override
 
-from lightning_speedpack.core import events
+from lightning_speedpack.core import events, sampling
 from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.collectives import validate_timeout
 from lightning_speedpack.core.findings import Finding
@@ -313,7 +313,7 @@ class ThroughputLogger(Callback):
             self._flops = self._measured_flops or 0.0
         else:
             self._flops = float(spec) if isinstance(spec, (int, float)) else 0.0
-        self._every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        self._every = sampling.log_interval(self.log_every_n_steps, trainer)
         if self._world_size > 1 and self._deferred is None and self._every:
             # Each logging step is an all-reduce that lines the ranks up; a floor keeps a
             # short cadence from adding one every few steps ("end" adds none in the loop).

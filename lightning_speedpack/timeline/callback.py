@@ -364,7 +364,7 @@ class StepTimeline(Callback):
         window = self._window
         if window is not None and window.should_stop(step):
             self._finish_window(trainer)
-        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        every = sampling.log_interval(self.log_every_n_steps, trainer)
         due = every and step % every == 0 and step != self._last_logged_step  # 0: logs no step
         if due and self._clock.window.batches:
             self._publish_transfer()  # once per logging window, not per batch
@@ -496,7 +496,7 @@ class StepTimeline(Callback):
     def _idle_until_sampled(self, trainer: pl.Trainer, step: int) -> None:
         # Nothing to do before the batch whose end opens a sampled step or logs: under the
         # doctor's hub, not even called until then (its batch hooks cost ~45 us a step, cold).
-        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        every = sampling.log_interval(self.log_every_n_steps, trainer)
         wake = sampling.end_due(step, self.sample_every_n_steps, every)
         hub = hub_of(self) if self.sample_every_n_steps > 1 else None
         self._quiet(TRAIN_STEP_HOOKS)  # quiet first: the hub keeps them quiet when it wakes us

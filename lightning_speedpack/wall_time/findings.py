@@ -245,8 +245,12 @@ _FIRST_ITEM_FIX = (
 def _paid_once(starts: list[float], s: RunSettings) -> tuple[str, str]:
     """What the first epoch's start was, when it held (nearly) all of it, and what to change."""
     rest = starts[1:]
-    others = f" (the others {_each(sum(rest) / len(rest))} each)" if len(rest) > 1 else ""
-    others = f" (the second {_secs(rest[0])})" if len(rest) == 1 else others
+    if len(rest) == 1:
+        others = f" (the second {_secs(rest[0])})"
+    elif rest:
+        others = f" (the others {_each(sum(rest) / len(rest))} each)"
+    else:
+        others = ""
     what = f"the first epoch's first batch took {_secs(starts[0])}{others}, once per fit"
     if s.workers and s.worker_start in ("spawn", "forkserver"):
         # Each worker process started so imports torch and the script anew: seconds apiece.
