@@ -1,11 +1,14 @@
-"""Which training steps a sampled tool watches: every step at first, then one step in N.
+"""Which training steps a sampled tool watches: every step at first, then one in N, then fewer.
 
 The doctor's per-step work is most of its cost on a millisecond step (issue 37: the clean
 2-rank DDP job). Its tools that report shares and means (the step timeline's phases, the sync
 points' counts per step) watch every step of the first :data:`SAMPLED_FROM_STEP`, so a short fit
-keeps a series of its first steps, and then one step in ``every``. They use the same rule with
-the same ``every``, so the steps one of them watches are the steps the others watch: the
-timeline places the syncs that the sync detector reports in the phases it times.
+keeps a series of its first steps, then one step in ``every``, and from
+:data:`SPARSE_FROM_STEP` on one in ``every * SPARSER``: by then a tool has watched about thirty
+steps, enough for the medians and counts it reports, and a long fit pays for a few more
+samples rather than for one step in ``every`` to its end. They use the same rule with the same
+``every``, so the steps one of them watches are the steps the others watch: the timeline places
+the syncs that the sync detector reports in the phases it times.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any
 __all__ = [
     "DOCTOR_SAMPLE_EVERY",
     "SAMPLED_FROM_STEP",
+    "SPARSER",
+    "SPARSE_FROM_STEP",
+    "cadence",
     "check_sample_every",
     "end_due",
     "log_interval",
@@ -30,6 +36,11 @@ SAMPLED_FROM_STEP = 16
 #: The doctor's sampled tools watch one step in this many (``--deep``: every step).
 DOCTOR_SAMPLE_EVERY = 8
 
+#: From this step on a sampled tool watches one step in ``every * SPARSER`` (with the doctor's 8:
+#: 16 steps, then 14 in 112, then one in 32).
+SPARSE_FROM_STEP = 128
+SPARSER = 4
+
 
 def sampled(step: int, every: int) -> bool:
     """Whether a tool that samples one step in ``every`` watches ``step`` (the global step).
@@ -37,22 +48,48 @@ def sampled(step: int, every: int) -> bool:
     Example:
         >>> [s for s in range(40) if sampled(s, 8)][14:]
         [14, 15, 16, 24, 32]
+        >>> [s for s in range(112, 200) if sampled(s, 8)]
+        [112, 120, 128, 160, 192]
     """
-    return every == 1 or step < SAMPLED_FROM_STEP or step % every == 0
+    if every == 1 or step < SAMPLED_FROM_STEP:
+        return True
+    return step % (every if step < SPARSE_FROM_STEP else every * SPARSER) == 0
 
 
 def next_sampled(step: int, every: int) -> int:
     """The first step after ``step`` that :func:`sampled` watches (when a sleeper wakes).
 
     Example:
-        >>> [next_sampled(s, 8) for s in (3, 15, 16, 17, 23, 24)]
-        [4, 16, 24, 24, 24, 32]
-        >>> all(sampled(next_sampled(s, 5), 5) for s in range(60))
+        >>> [next_sampled(s, 8) for s in (3, 15, 16, 17, 23, 24, 120, 127, 128)]
+        [4, 16, 24, 24, 24, 32, 128, 128, 160]
+        >>> all(
+        ...     sampled(n := next_sampled(s, e), e)
+        ...     and not any(sampled(m, e) for m in range(s + 1, n))
+        ...     for e in (2, 5, 8) for s in range(300)
+        ... )
         True
     """
     if every == 1 or step + 1 < SAMPLED_FROM_STEP:
         return step + 1
-    return (step // every + 1) * every
+    following = (step // every + 1) * every
+    if following < SPARSE_FROM_STEP:
+        return following
+    sparse = every * SPARSER  # a multiple of `every`: its next multiple is `following` or later
+    return (step // sparse + 1) * sparse
+
+
+def cadence(every: int) -> str:
+    """How a tool that samples with ``every`` picks its steps, in words (for its report).
+
+    Example:
+        >>> cadence(8)
+        '1 step in 8, from step 128 1 in 32'
+        >>> cadence(1)
+        'every step'
+    """
+    if every == 1:
+        return "every step"
+    return f"1 step in {every}, from step {SPARSE_FROM_STEP} 1 in {every * SPARSER}"
 
 
 def check_sample_every(value: Any) -> int:

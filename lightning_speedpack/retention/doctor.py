@@ -1,4 +1,4 @@
-"""The doctor's LossRetentionDetector: a walk every 64th step, heap scans only at the end.
+"""The doctor's LossRetentionDetector: a walk every 128th step, heap scans only at the end.
 
 ``--deep`` walks every step and scans the heap on the callback's own schedule.
 """
@@ -12,10 +12,10 @@ __all__: list[str] = []
 
 # Under the doctor a holder is reported at the end of the run (the end of training always walks,
 # and so does the first epoch's last batch, for a list emptied at each epoch's end), so finding
-# it within a few steps buys nothing there: its walk runs every 64th step. Every 16th, the walk
+# it within a few steps buys nothing there: its walk runs every 128th step. Every 16th, the walk
 # was the largest part of the doctor's own code a step on the DDP zoo's 1 ms MLP (~210 of ~2,400
 # interpreted lines a step); `--deep` walks every step, as the callback does by default.
-_DOCTOR_CHECK_EVERY = 64
+_DOCTOR_CHECK_EVERY = 128
 # Heap scans (~0.1 s each on a small heap) were the largest one-off costs of the doctor's
 # default set: there, none is scheduled during training, and the one at the end runs only within
 # 1% of the training time; `--deep` schedules one every 100 steps (within 1% of the wall time)
@@ -40,7 +40,7 @@ register_diagnostic(
     factory=_factory,
     order=30,
     deep_adds=(
-        "the walk for retained graphs on every step (by default every 64th and the first epoch's"
+        "the walk for retained graphs on every step (by default every 128th and the first epoch's"
         " last batch) and the heap scan at"
         " the end of training within 5% of the training time (by default 1%), and one every 100"
         " steps within 1% of the wall time (by default none during training)"

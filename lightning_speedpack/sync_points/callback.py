@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SyncFinding", "SyncPointError", "SyncPointWarnings", "SyncWarning"]
 
-Mode = Literal["warn", "error", "summary"]
-_MODES = ("warn", "error", "summary")
+Mode = Literal["warn", "error", "summary", "record"]
+_MODES = ("warn", "error", "summary", "record")
 #: What a sampled detector leaves uncalled under the doctor's hub until its next sampled step.
 _TRAIN_BATCH_HOOKS = ("on_train_batch_start", "on_train_batch_end")
 
@@ -136,20 +136,24 @@ class SyncPointWarnings(Callback):
     Args:
         mode: ``"warn"``: one :class:`SyncWarning` per user call site, at your file and line;
             ``"error"``: raise :class:`SyncPointError` at the first user sync;
-            ``"summary"``: nothing during training, a table at the end of fit.
+            ``"summary"``: nothing during training, a table at the end of fit;
+            ``"record"``: nothing printed or raised, the call sites kept for :attr:`report`,
+            the findings and the figures (``speedpack doctor``'s: its report shows them).
         include_cpu: treat CPU tensors as device tensors (default: only non-CPU tensors).
         validation: also watch validation batches.
         allow: call sites to ignore: ``"path/file.py:123"``, ``"file.py"`` (every line) or a
             glob (``"*/losses.py:*"``).
         sample_every_n_steps: watch every training step before step 16, then one step in this
-            many (``1``: every step). On the steps between nothing is watched: a wrapper
-            returns at once. Counts per step are per watched step; a sync made only on steps
-            that are never watched is missed. The doctor watches one step in 8 (the steps its
-            StepTimeline times), ``--deep`` every step.
+            many, and from step 128 one in four times as many (``1``: every step; see
+            :mod:`~lightning_speedpack.core.sampling`). On the steps between nothing is
+            watched: a wrapper returns at once. Counts per step are per watched step; a sync
+            made only on steps that are never watched is missed. The doctor watches one step
+            in 8, from step 128 one in 32 (the steps its StepTimeline times), ``--deep``
+            every step.
 
     Raises:
         TypeError: an argument has the wrong type.
-        ValueError: ``mode`` is not one of ``"warn"``, ``"error"``, ``"summary"``, or
+        ValueError: ``mode`` is not one of ``"warn"``, ``"error"``, ``"summary"``, ``"record"``, or
             ``sample_every_n_steps`` is below 1.
 
     Example:
@@ -246,13 +250,16 @@ class SyncPointWarnings(Callback):
         every = self.sample_every_n_steps
         if not sampling.sampled(step, every):
             # Watch nothing until the next sampled step: the wrappers then return at once
-            # (~0.8 us a call). The indexing ones stay as the detector left them at the last
-            # step's end: out where the loader indexes a lot in the main process, else in
-            # (a swap would cost more: see `SyncDetector.disarm`).
-            detector.disarm(keep_indexing=True)
+            # (~0.8 us a call). Until a sampled step within `every`, the indexing ones stay as
+            # the detector left them at the last step's end: out where the loader indexes a
+            # lot in the main process, else in (a swap would cost more: see
+            # `SyncDetector.disarm`). Before a longer stretch (one step in 32 from step 128)
+            # they come out: a dataset's per-sample indexing calls them ~30 times as often.
+            wake = sampling.next_sampled(step, every)
+            detector.disarm(keep_indexing=wake - step <= every)
             hub = hub_of(self)
             if hub is not None:  # the doctor's: not called at all until then
-                hub.sleep(self, _TRAIN_BATCH_HOOKS, sampling.next_sampled(step, every))
+                hub.sleep(self, _TRAIN_BATCH_HOOKS, wake)
             return
         self._train_batches += 1
         detector.arm(step)
@@ -461,11 +468,16 @@ register_diagnostic(
     "sync_points",
     SyncPointWarnings,
     # CPU tensors count too, so a CPU run shows what would sync on a GPU.
+    # "record": the report shows the call sites; a table of its own at the end of training
+    # repeated them (and cost the fit ~8 ms inside its last hook).
     factory=lambda ctx: SyncPointWarnings(
-        mode="summary",
+        mode="record",
         include_cpu=True,
         sample_every_n_steps=1 if ctx.deep else sampling.DOCTOR_SAMPLE_EVERY,
     ),
     order=20,
-    deep_adds="watching every step for syncs (by default one step in 8 after the first 16)",
+    deep_adds=(
+        "watching every step for syncs (by default one step in 8 after the first 16, one in 32"
+        " from step 128)"
+    ),
 )

@@ -147,7 +147,8 @@ class StepTimeline(Callback):
         profile_memory: ``torch.profiler`` option for the window.
         with_stack: ``torch.profiler`` option for the window.
         sample_every_n_steps: time every step before step 16 and of a trace window, then one
-            step in this many (the others return early from each hook; under the doctor's
+            step in this many, from step 128 one in four times as many (the others return
+            early from each hook; under the doctor's
             :class:`~lightning_speedpack.core.hook_hub.HookHub` its hooks sleep). ``1``: all.
 
     Raises:
@@ -441,10 +442,11 @@ class StepTimeline(Callback):
         the timeline is paused, and a fetch inside ``training_step`` (``dataloader_iter``)
         stays the step's.
         """
-        kind = self._actions.get(name)
-        if kind is None:
+        if not self._step_open or self._in_batch:  # most batches, between samples: first
+            return
+        if (kind := self._actions.get(name)) is None:
             kind = self._actions[name] = _transfer.action_kind(name)
-        if not kind or not self._step_open or self._in_batch:
+        if not kind:
             return
         if kind == _transfer.FETCH:
             self._flat("data_wait" if started else "other", now)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import classes
+from lightning_speedpack.core.sampling import cadence
 from lightning_speedpack.timeline.phases import PhaseTotals, shares
 from lightning_speedpack.timeline.trace import TopOp, TraceWindow
 
@@ -67,12 +68,13 @@ def doctor_findings(
 ) -> list[Finding]:
     """The share of a training batch each phase takes, and the trace file (both info).
 
-    ``sample_every`` above 1: the phases were timed on one step in that many (said so).
+    ``sample_every`` above 1: the phases were timed on the steps that
+    :mod:`~lightning_speedpack.core.sampling` picks with it (said so).
     """
     out: list[Finding] = []
     if run.batches:
         sampled = (
-            f" (timed on 1 step in {sample_every}: {run.batches} batches)"
+            f" (timed on {cadence(sample_every)}: {run.batches} batches)"
             if sample_every > 1
             else ""
         )

@@ -16,6 +16,7 @@ import torch
 from pytorch_lightning import Trainer
 
 from lightning_speedpack.comm import CommMonitor, ddp_stats
+from lightning_speedpack.comm import callback as comm_callback
 from lightning_speedpack.core.registry import registered_diagnostics
 from tests.helpers.models import SizedBoringModel, quiet_trainer_kwargs
 
@@ -67,18 +68,26 @@ class FakeDDP(torch.nn.Module):
         self.rates: list[int] = []
         self.iteration = 0  # DDP iterations so far (the model's training_step counts them)
         self.reads = 0
+        self.seen = self.logged = 0  # iterations looked at; the last one logged
 
     def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+        self._catch_up()  # what was logged under the old rate stays logged
         self.rate = rate
         self.rates.append(rate)
 
+    def _catch_up(self) -> None:
+        done = self.iteration - 1  # the current iteration is logged at the next forward
+        for i in range(self.seen + 1, done + 1):
+            if i <= 10 or i % self.rate == 0:
+                self.logged = i
+        self.seen = max(self.seen, done)
+
     def _get_ddp_logging_data(self) -> dict[str, Any]:
         self.reads += 1
-        done = self.iteration - 1  # the current iteration is logged at the next forward
-        sampled = [i for i in range(1, done + 1) if i <= 10 or i % self.rate == 0]
-        if not sampled:
+        self._catch_up()
+        if not self.logged:
             return {"iteration": 0, "find_unused_parameters": int(self.find_unused_parameters)}
-        i = sampled[-1]
+        i = self.logged
         return {
             "iteration": i,
             "find_unused_parameters": int(self.find_unused_parameters),
@@ -137,6 +146,23 @@ def test_reads_ddps_samples_on_schedule_and_gives_the_rate_back(
     [finding] = monitor.doctor_findings()
     assert finding.id == "find-unused-parameters"
     assert "any of the 11 steps DDP sampled (of 25 training batches)" in finding.message
+
+
+def test_enough_samples_give_ddp_its_own_rate_back_before_the_end(
+    tmp_path: Path, fakes: list[FakeDDP], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long fit stops paying for one sampled iteration in `ddp_sample_rate` once the monitor
+    # holds SAMPLES_ENOUGH (30; 11 here, for a 25-batch fit): iterations 1..10 and 15.
+    monkeypatch.setattr(comm_callback, "SAMPLES_ENOUGH", 11)
+    monitor = CommMonitor(ddp_sample_rate=5)
+    Trainer(callbacks=[monitor], **quiet_trainer_kwargs(tmp_path, limit_val_batches=0)).fit(
+        CountsIterations(fakes)
+    )
+    [fake] = fakes
+    default = ddp_stats.DDP_DEFAULT_SAMPLE_RATE
+    assert fake.rates == [5, default, default]  # at the 11th sample, and again at the end
+    assert fake.reads == 1 + 10 + 1 + 1  # no read due at iteration 20 any more
+    assert monitor.doctor_figures()["comm_samples"] == 10  # iterations 2..10, 15
 
 
 def test_with_no_sample_rate_ddps_own_setting_is_left_alone(

@@ -15,6 +15,22 @@ def test_every_step_at_first_then_one_in_n() -> None:
     assert sampling.DOCTOR_SAMPLE_EVERY == 8
 
 
+def test_a_long_fit_is_sampled_more_sparsely_from_step_128() -> None:
+    # ~30 steps watched by step 128 (16 dense, 14 sampled), then one in 32: a 4,096-step fit
+    # pays for 150 watched steps, not 526.
+    watched = [s for s in range(4096) if sampling.sampled(s, 8)]
+    assert watched[28:33] == [112, 120, 128, 160, 192]
+    assert len([s for s in watched if s < sampling.SPARSE_FROM_STEP]) == 30
+    assert len(watched) == 30 + (4096 - 128) // 32
+    # a sleeper told to wake at the next watched step wakes at each of them, and only there
+    woken, step = [], 0
+    while step < 4096:
+        woken.append(step)
+        step = sampling.next_sampled(step, 8)
+    assert woken == watched
+    assert sampling.cadence(8) == "1 step in 8, from step 128 1 in 32"
+
+
 def test_the_timeline_and_the_sync_points_sample_the_same_steps_under_the_doctor() -> None:
     from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
     from lightning_speedpack.doctor.runner import import_tools

@@ -38,12 +38,17 @@ from pytorch_lightning.loggers import CSVLogger
 
 SLOW_MS = float(sys.argv[1])
 SAMPLES = int(sys.argv[2])
-PLOT_MS = float(sys.argv[3])  # rank 0's callback at every batch's end, after the all-reduce
+PLOT_MS = float(sys.argv[3])  # rank 0's callback, after the all-reduce
+PLOT_HOOK = sys.argv[4]  # at every batch's end, or right after each backward
 
 
 class Plots(Callback):
     def on_train_batch_end(self, trainer, *args):
-        if PLOT_MS and trainer.global_rank == 0:
+        if PLOT_MS and trainer.global_rank == 0 and PLOT_HOOK == "on_train_batch_end":
+            time.sleep(PLOT_MS / 1000)
+
+    def on_after_backward(self, trainer, *args):
+        if PLOT_MS and trainer.global_rank == 0 and PLOT_HOOK == "on_after_backward":
             time.sleep(PLOT_MS / 1000)
 
 
@@ -84,7 +89,11 @@ trainer.fit(Model())
 
 
 def _doctor(
-    tmp_path: Path, slow_ms: float, samples: int = 96, plot_ms: float = 0.0
+    tmp_path: Path,
+    slow_ms: float,
+    samples: int = 96,
+    plot_ms: float = 0.0,
+    plot_hook: str = "on_train_batch_end",
 ) -> tuple[dict[str, Any], str]:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(WORLD_SCRIPT.format(root=str(tmp_path))))
@@ -93,7 +102,7 @@ def _doctor(
         [
             sys.executable, "-m", "lightning_speedpack", "doctor", "--layout", "log",
             "--width", "120", "--json", str(report_path), str(script), str(slow_ms), str(samples),
-            str(plot_ms),
+            str(plot_ms), plot_hook,
         ],
         timeout=280,
         cwd=tmp_path,
@@ -137,6 +146,26 @@ def test_a_rank_with_slow_data_is_the_first_warning_and_rank_0_waits_for_it(
     assert [line.split(",")[0] for line in logged[1:]] == ["0", "1"]
     findings_csv = (tmp_path / "logs" / "version_0" / "speedpack_findings.csv").read_text()
     assert ",world,straggler," in findings_csv  # the loggers get the world's findings too
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_a_callback_slow_after_each_backward_is_its_ranks_own_time_not_a_wait(
+    tmp_path: Path,
+) -> None:
+    # Rank 0's callback takes 20 ms in `on_after_backward`, after the all-reduce: rank 0's own
+    # time, which makes rank 1 wait. The backward is timed from the module's last hook before
+    # it to the first hook after it, so the callback is not counted as rank 0's backward wait.
+    report, _ = _doctor(tmp_path, slow_ms=0.0, plot_ms=20.0, plot_hook="on_after_backward")
+    world = report["runs"][0]["figures"]["world"]
+    straggler = world["straggler"]
+    assert (straggler["rank"], straggler["part"], straggler["callback"]) == (
+        0,
+        "callbacks",
+        "Plots",
+    )
+    rank0, rank1 = world["ranks"]
+    assert rank0["wait_ms"] < 10 < rank1["wait_ms"]  # rank 1 waits for rank 0, not the reverse
 
 
 @pytest.mark.ddp

@@ -752,7 +752,7 @@ def test_registered_with_the_doctor() -> None:
     built = diagnostic.factory(DoctorContext())
     assert isinstance(built, LossRetentionDetector)
     assert built.mode == "warn"
-    assert built.check_every_n_steps == 64  # the doctor's default: every 64th step
+    assert built.check_every_n_steps == 128  # the doctor's default: every 128th step
     assert built.final_scan_budget == 0.01  # the end-of-fit heap scan within 1% of training
     assert built.deep_scan_every_n_steps == 0  # and no scheduled heap scans
     deep = diagnostic.factory(DoctorContext(deep=True))
@@ -803,7 +803,7 @@ def test_doctor_report_has_a_retention_section(tmp_path: Path, deep: bool, first
         "count": 4,
         "est_bytes": finding.figures["est_bytes"],
         "backpropagated": True,
-        "step_first_seen": first_seen,  # the default walks every 64th step: found at the end
+        "step_first_seen": first_seen,  # the default walks every 128th step: found at the end
     }
     assert ".detach()" in (finding.fix or "")
     assert result.report.runs[0].figures["retained_graphs"] == 4

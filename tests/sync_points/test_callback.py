@@ -6,6 +6,7 @@ import doctest
 import inspect
 import pickle
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 import lightning_speedpack
+from lightning_speedpack.core import sampling
 from lightning_speedpack.core.hook_hub import HookHub
 from lightning_speedpack.doctor.runner import run_script
 from lightning_speedpack.sync_points import callback as sync_points
@@ -148,6 +150,34 @@ def test_every_kind_in_a_helper_is_reported_once_with_line_and_per_step(
     assert cb.syncs_per_step == len(lines) + 1
     assert global_state.diff(before, global_state.snapshot()) == {}
     assert "Host-device syncs" in capsys.readouterr().err  # the summary table
+
+
+def test_record_mode_keeps_the_sites_and_prints_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The doctor's mode: its report shows the call sites, so the callback prints no table of
+    # its own (a repeat, and ~8 ms inside the fit's last hook) and warns of none.
+    cb = SyncPointWarnings(mode="record", include_cpu=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(cb, InlineModel(), tmp_path)
+    assert not [w for w in caught if "sync" in type(w.message).__name__.lower()]
+    lines = marked_lines(InlineModel.training_step)
+    assert {(f.kind, f.lineno) for f in cb.user_findings} == {
+        (KINDS[k], ln) for k, ln in lines.items()
+    }
+    assert cb.doctor_findings()
+    out = capsys.readouterr()
+    assert "Host-device syncs" not in out.err + out.out
+    assert "SyncPointWarnings" not in out.err + out.out
+
+
+def test_the_doctor_records_the_sync_points_without_a_table_of_their_own() -> None:
+    from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
+
+    [spec] = [d for d in registered_diagnostics() if d.name == "sync_points"]
+    assert spec.factory(DoctorContext()).mode == "record"
+    assert spec.factory(DoctorContext(deep=True)).mode == "record"
 
 
 def test_kinds_written_in_training_step(tmp_path: Path, capsys: Any) -> None:
@@ -341,6 +371,43 @@ def test_a_sampled_detector_watches_one_step_in_n_and_leaves_the_others_alone(
     assert global_state.diff(before, global_state.snapshot()) == {}
 
 
+class IndexingSeen(ItemEachStep):
+    """Notes, each step, whether tensor indexing goes through the detector's wrapper."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.indexing_wrapped: list[bool] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.indexing_wrapped.append(hasattr(torch.Tensor.__getitem__, "__wrapped__"))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_long_stretch_between_samples_takes_the_indexing_wrappers_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # From SPARSE_FROM_STEP (128; 32 here) one step in 32 is watched: before such a stretch the
+    # indexing wrappers, which a dataset's per-sample indexing calls, come out until the next
+    # watched step; before a stretch of `every` steps they stay (a swap costs more).
+    monkeypatch.setattr(sampling, "SPARSE_FROM_STEP", 32)
+    before = global_state.snapshot()
+    cb = SyncPointWarnings(mode="summary", include_cpu=True, sample_every_n_steps=8)
+    model = IndexingSeen()
+    trainer = Trainer(
+        callbacks=[cb, HookHub([cb])],
+        **quiet_trainer_kwargs(tmp_path, max_steps=70, max_epochs=2),
+    )
+    trainer.fit(model)
+    watched = [step for step, armed in enumerate(model.watched) if armed]
+    assert watched == [*range(16), 16, 24, 32, 64]
+    wrapped = model.indexing_wrapped
+    assert all(wrapped[s] for s in (*watched, *range(17, 32)))  # watched, or a short stretch
+    assert not any(wrapped[s] for s in (*range(33, 64), *range(65, 70)))
+    [finding] = cb.user_findings
+    assert finding.count == len(watched)
+    assert global_state.diff(before, global_state.snapshot()) == {}
+
+
 def test_the_doctor_samples_the_sync_points_and_deep_watches_every_step() -> None:
     from lightning_speedpack.core.registry import DoctorContext, registered_diagnostics
 
@@ -351,7 +418,7 @@ def test_the_doctor_samples_the_sync_points_and_deep_watches_every_step() -> Non
 
 def test_arguments_are_validated_at_once() -> None:
     with pytest.raises(
-        ValueError, match="`mode` must be one of 'warn', 'error', 'summary', got 'x'"
+        ValueError, match="`mode` must be one of 'warn', 'error', 'summary', 'record', got 'x'"
     ):
         SyncPointWarnings(mode="x")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`include_cpu` must be a bool, got 1"):
