@@ -9,9 +9,8 @@ from lightning_speedpack.timeline.callback import StepTimeline
 
 # Under the doctor the phases are shares and means: after the first 16 steps (all timed, for a
 # short fit's series), one step in 8 gives them, and from step 128 (30 steps timed) one in 32.
-# The timeline was the largest part of the
-# doctor's own code a step on the DDP zoo's 1 ms MLP (~520 of ~1,900 lines); `--deep` times
-# every step. The sync points sample the same steps.
+# The timeline was the largest part of the doctor's own code a step on the DDP zoo's 1 ms MLP
+# (~520 of ~1,900 lines); `--deep` times every step. The sync points sample the same steps.
 
 
 def _doctor_factory(ctx: DoctorContext) -> StepTimeline:
