@@ -18,7 +18,7 @@ torch thread a rank, but the pool's idle loop still shows up, by thousands of in
 depend on timing alone).
 
 Needs valgrind (with its ``callgrind.h``) and a C compiler: ``apt-get install valgrind gcc``.
-About 9 minutes a launch here (both ranks ~50x slower under valgrind; ``--quick``: 64 steps).
+About 9 minutes a launch here (both ranks ~50x slower under valgrind; ``--quick`` counts 64 steps).
 
 Run ``.venv/bin/python benchmarks/doctor_instructions.py [--steps 512] [--start 16]``.
 """
@@ -127,7 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=512, help="training steps counted a rank")
     parser.add_argument("--start", type=int, default=16, help="the first counted global step")
-    parser.add_argument("--quick", action="store_true", help="64 steps (~3 minutes a launch)")
+    parser.add_argument("--quick", action="store_true", help="64 steps counted")
     parser.add_argument("--rank", choices=_VARIANTS, help=argparse.SUPPRESS)  # a launched rank
     args = parser.parse_args()
     if args.rank:

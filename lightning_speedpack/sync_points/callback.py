@@ -254,7 +254,7 @@ class SyncPointWarnings(Callback):
             # the detector left them at the last step's end: out where the loader indexes a
             # lot in the main process, else in (a swap would cost more: see
             # `SyncDetector.disarm`). Before a longer stretch (one step in 32 from step 128)
-            # they come out: a dataset's per-sample indexing calls them ~30 times as often.
+            # they come out: a dataset's per-sample indexing would call them at every sample.
             wake = sampling.next_sampled(step, every)
             detector.disarm(keep_indexing=wake - step <= every)
             hub = hub_of(self)
