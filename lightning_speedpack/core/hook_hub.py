@@ -81,15 +81,20 @@ def callbacks_of(trainer: Any) -> list[Any]:
     return found
 
 
-def _once_hooks() -> tuple[str, ...]:
-    """Lightning's callback hooks other than the per-batch ones, which an owning hub forwards."""
-    names = {
-        name
-        for base in classes("Callback")
-        for name, value in vars(base).items()
-        if callable(value) and (name.startswith("on_") or name in ("setup", "teardown"))
-    }
-    return tuple(sorted(names - set(PER_BATCH_HOOKS)))
+def _once_hooks() -> dict[str, frozenset[Any]]:
+    """Lightning's callback hooks other than the per-batch ones, which an owning hub forwards.
+
+    Each with its empty defaults (one per Lightning namespace installed): a member that leaves
+    a hook at its default is not called for it, where Lightning would have entered the
+    profiler for nothing (twenty such calls at every epoch's start and end under the doctor).
+    """
+    defaults: dict[str, set[Any]] = {}
+    for base in classes("Callback"):
+        for name, value in vars(base).items():
+            if callable(value) and (name.startswith("on_") or name in ("setup", "teardown")):
+                defaults.setdefault(name, set()).add(value)
+    once = sorted(set(defaults) - set(PER_BATCH_HOOKS))
+    return {name: frozenset(defaults[name]) for name in once}
 
 
 def _timed(
@@ -177,8 +182,10 @@ class HookHub(Callback):
         for member in self.members:
             with contextlib.suppress(TypeError):  # unhashable or no weak reference: never quiet
                 _HUBS[member] = self
+        self._defaults: dict[str, frozenset[Any]] = {}  # once-hook -> Lightning's empty ones
         if owns:
-            for hook in _once_hooks():
+            self._defaults = _once_hooks()
+            for hook in self._defaults:
                 if hook != "setup":  # the hub's own, which forwards it
                     setattr(self, hook, self._forwarder(hook))
         self._dispatch(self.members)
@@ -349,9 +356,13 @@ class HookHub(Callback):
     def _forward(
         self, hook: str, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kw: Any
     ) -> None:
-        """Call each present member's ``hook`` as Lightning would have (``if callable``)."""
+        """Call each present member's ``hook`` as Lightning would have (``if callable``).
+
+        Lightning's own empty default is not called: it does nothing, under a profiler name.
+        """
+        defaults = self._defaults.get(hook, frozenset())
         for member in self.present:
             fn = getattr(member, hook, None)
-            if callable(fn):
+            if callable(fn) and getattr(fn, "__func__", None) not in defaults:
                 with trainer.profiler.profile(f"[Callback]{member.state_key}.{hook}"):  # type: ignore[attr-defined]
                     fn(trainer, pl_module, *args, **kw)

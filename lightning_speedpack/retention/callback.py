@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from lightning_speedpack.core.hook_hub import HookHub, callbacks_of, hub_of
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
 from lightning_speedpack.retention import holders as retention
+from lightning_speedpack.retention import schedule
 from lightning_speedpack.retention.report import (
     EXTRA_PATH,
     TABLE,
@@ -43,7 +45,6 @@ _NAMED_PER_SCAN = 4  # referrer searches per heap scan (each is one gc pass per 
 _ONE_GRAPH_BYTES = 1 << 20  # a single retained graph is reported at once from this size on
 _TRIGGER_GAP = 10  # batches between heap scans that a trigger (not the schedule) asks for
 _GLOBALS_REFRESH = 32  # batches between re-reading which globals and attributes to look at
-_TAGGED_FIRST = 16  # batches whose loss graphs are always tagged (see `_tag_due`)
 #: Module prefix of the pack's own callbacks, which the walk leaves out.
 _PACK = __name__.split(".", 1)[0] + "."
 
@@ -194,11 +195,12 @@ class LossRetentionDetector(Callback):
         self._cache_refresh = 0
         self._module_cache: retention.ModuleCache = {}
         self._epoch_end_walked = False  # the first epoch's last batch was walked
-        self._tagging = True  # whether this batch's loss graph is tagged (see `_tag_due`)
+        self._tagging = True  # whether this batch's loss graph is tagged (see `schedule.tag_due`)
         self._idle: tuple[str, ...] = ()  # the per-batch hooks a HookHub does not call now
         self._extras = False  # whether training_step returned more than the loss
         self._on_cuda = False
         self._hub: HookHub | None = None
+        self._slept_at: int | None = None  # the global step it went to sleep at (under a hub)
 
     @property
     def findings(self) -> list[RetainedGraph]:
@@ -231,19 +233,50 @@ class LossRetentionDetector(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._batch += 1
-        last = trainer.num_training_batches  # an int, or inf for a loader without a length
-        self._tagging = self._tag_due(trainer, batch_idx, last)
+        self._batch += 1 + self._batches_slept(trainer)
+        now = self._schedule(trainer, batch_idx)
+        self._tagging = schedule.tag_due(now)
         hub = self._hub
         if hub is None:
             return
         # Under a HookHub (the doctor's) a hook left to no one is not called at all.
         idle: tuple[str, ...] = () if self._tagging else ("on_before_backward",)
-        if not self._end_due(batch_idx, last):
+        if not schedule.end_due(now, follows_outputs=self._extras or self._on_cuda):
             idle += ("on_train_batch_end",)
         if idle != self._idle:
             self._idle = idle
             hub.quiet(self, idle)
+        if len(idle) == 2 and self._steps_are_batches(trainer, pl_module):
+            asleep = schedule.batches_asleep(now)
+            if asleep > 0:  # nothing to do until then: not even this hook is called
+                self._slept_at = trainer.global_step
+                hub.sleep(self, ("on_train_batch_start",), self._slept_at + asleep + 1)
+
+    def _batches_slept(self, trainer: pl.Trainer) -> int:
+        """The batches the hub did not call this detector for (it slept through them)."""
+        if self._slept_at is None:
+            return 0
+        slept, self._slept_at = trainer.global_step - self._slept_at - 1, None
+        return max(slept, 0)
+
+    def _schedule(self, trainer: pl.Trainer, batch_idx: int) -> schedule.Schedule:
+        max_steps = trainer.max_steps
+        return schedule.Schedule(
+            batch=self._batch,
+            batch_idx=batch_idx,
+            last=trainer.num_training_batches,  # an int, or inf for a loader without a length
+            every=self.check_every_n_steps,
+            deep_every=self.deep_scan_every_n_steps,
+            last_deep_scan=self._last_deep_scan,
+            epoch_end_walked=self._epoch_end_walked,
+            steps_left=max_steps - trainer.global_step if max_steps > 0 else math.inf,
+        )
+
+    @staticmethod
+    def _steps_are_batches(trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        # The hub wakes a sleeper at a global step: one a batch only with one optimizer step a
+        # batch (automatic optimization, no accumulation). Otherwise it checks every batch.
+        return bool(pl_module.automatic_optimization) and trainer.accumulate_grad_batches == 1
 
     @override
     def on_before_backward(
@@ -251,45 +284,6 @@ class LossRetentionDetector(Callback):
     ) -> None:
         if self._tagging:
             retention.tag_graph(loss, self._batch, self._run, backward=True)
-
-    def _tag_due(self, trainer: pl.Trainer, batch_idx: int, last: float) -> bool:
-        """Whether this batch's loss is tagged: when the next batch may walk, and at first.
-
-        A walk knows a graph is from an earlier batch by its tag; an untagged graph it meets is
-        tagged then, as first seen, and reported by the next walk that still meets it. So with
-        the batch before each walk tagged, a list of losses is found by the first walk that
-        meets it (with the tagged graphs counted), and with the first batches tagged, a list
-        filled from the start is found nearly whole by the walk at the end of a short fit.
-        Tagging costs ~35 us a batch (``grad_fn.metadata`` writes), which the doctor's sparse
-        walks (one in 64 batches) no longer pay on nearly every batch.
-        """
-        every = self.check_every_n_steps
-        step = self._batch + 1  # the next batch, which may walk
-        if every == 1 or self._batch < _TAGGED_FIRST or step % every == 0:
-            return True
-        deep_every = self.deep_scan_every_n_steps
-        if deep_every > 0 and step - self._last_deep_scan >= deep_every:
-            return True
-        # the end of an epoch (the first one walks) or of the fit (which always walks)
-        if batch_idx + 2 >= last:
-            return True
-        max_steps = trainer.max_steps
-        return max_steps > 0 and max_steps - trainer.global_step <= 2
-
-    def _end_due(self, batch_idx: int, last: float) -> bool:
-        """Whether ``on_train_batch_end`` may do anything this batch (a HookHub skips it if not).
-
-        It walks on schedule, follows what ``training_step`` returns besides the loss, and on
-        CUDA watches the allocated memory; the first batches run it, to see what steps return.
-        """
-        if self._extras or self._on_cuda or self._batch < _TAGGED_FIRST:
-            return True
-        if self._batch % self.check_every_n_steps == 0:
-            return True
-        deep_every = self.deep_scan_every_n_steps
-        if deep_every > 0 and self._batch - self._last_deep_scan >= deep_every:
-            return True
-        return not self._epoch_end_walked and batch_idx + 1 == last
 
     @override
     def on_train_batch_end(

@@ -249,6 +249,23 @@ def test_an_owning_hub_stands_in_for_its_members_and_calls_all_their_hooks(
     assert not any("_EveryHook" in key for key in saved.get("callbacks", {}))
 
 
+def test_an_owning_hub_leaves_out_the_hooks_a_member_keeps_at_lightnings_default(
+    tmp_path: Any,
+) -> None:
+    # Lightning enters the profiler for a callback's empty default hook too; the hub does not,
+    # and a hook set on a member's instance is still called.
+    calls: list[tuple[str, str]] = []
+    member = _EveryHook("a", calls)
+    member.on_train_epoch_start = lambda *args: calls.append(("a", "epoch_start"))  # type: ignore[method-assign]
+    profiler = ProfiledNames()
+    _fit([HookHub([member], owns=True)], profiler=profiler, default_root_dir=tmp_path)
+    assert ("a", "epoch_start") in calls
+    assert "[Callback]_EveryHook.on_train_epoch_start" in profiler.names
+    assert "[Callback]_EveryHook.on_train_end" in profiler.names  # overridden: called
+    assert "[Callback]_EveryHook.on_train_epoch_end" not in profiler.names  # the default
+    assert "[Callback]_EveryHook.on_fit_start" not in profiler.names
+
+
 def test_an_owning_hub_passes_an_exception_to_its_members() -> None:
     calls: list[tuple[str, str]] = []
     member = _EveryHook("a", calls)

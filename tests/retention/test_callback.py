@@ -565,11 +565,16 @@ def test_a_sparse_walk_tags_only_the_batches_it_needs_and_still_finds_the_leak(
 
 
 class CountingEnds(LossRetentionDetector):
-    """Notes the batches whose ``on_train_batch_end`` was called."""
+    """Notes the batches whose ``on_train_batch_start`` and ``on_train_batch_end`` were called."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ends: list[int] = []
+        self.starts: list[int] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, i: int) -> None:
+        self.starts.append(trainer.fit_loop.epoch_loop.batch_progress.total.ready - 1)
+        super().on_train_batch_start(trainer, pl_module, batch, i)
 
     def on_train_batch_end(self, *args: Any) -> None:
         self.ends.append(self._batch)
@@ -589,10 +594,29 @@ def test_under_a_hook_hub_the_batches_with_nothing_to_do_are_not_called(tmp_path
     with pytest.warns(RetainedGraphWarning):
         trainer.fit(model)
     assert detector.ends == [*range(16), 20, 40]
+    # Between two batches with something to do it sleeps: the hub does not call it at all
+    # (16 to 19: the tag before the walk at 20; 21 to 39; 41 to 43: the last two batches).
+    assert detector.starts == [*range(17), 19, 20, 21, 39, 40, 41, 43, 44]
     assert _summary(detector) == [("model.losses", True)]
     assert detector.findings[0].step_first_seen == 20
     assert detector.findings[0].count == 45 - 3
     assert [b for b, tagged in enumerate(model.tagged) if tagged] == [*range(16), 19, 39, 43, 44]
+
+
+def test_under_a_hook_hub_it_stays_awake_when_steps_are_not_batches(tmp_path: Path) -> None:
+    # The hub wakes a sleeper at a global step: with two batches a step it would wake late.
+    detector = CountingEnds(check_every_n_steps=20, deep_scan_every_n_steps=0)
+    model = TaggedListLeak()
+    trainer = Trainer(
+        callbacks=[HookHub([detector], owns=True)],
+        accumulate_grad_batches=2,
+        **quiet_trainer_kwargs(tmp_path, max_steps=20, limit_train_batches=100),
+    )
+    with pytest.warns(RetainedGraphWarning):
+        trainer.fit(model)
+    assert detector.starts == list(range(40))
+    assert detector.ends == [*range(16), 20]
+    assert _summary(detector) == [("model.losses", True)]
 
 
 def test_every_batch_is_tagged_when_every_batch_walks(tmp_path: Path) -> None:
