@@ -42,6 +42,7 @@ from typing_extensions import override
 
 from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, overrides
 from lightning_speedpack.core.lightning import Callback, classes
+from lightning_speedpack.core.steps import step_reader
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -224,6 +225,7 @@ class HookHub(Callback):
         self._built: dict[str, dict[frozenset[int], Any]] = {}  # hook -> quiet members -> dispatch
         self._alarms.clear()
         self._next_alarm = math.inf
+        self._steps: Callable[[], int] | None = None  # this fit's global step, read cheaply
         self._set_hook("on_train_batch_start", self._start)
 
     def _set_hook(self, hook: str, dispatch: Callable[..., None] | None) -> None:
@@ -298,11 +300,16 @@ class HookHub(Callback):
         self._reset_alarm()
 
     def _wake_then_start(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
-        if trainer.global_step >= self._next_alarm:
-            self._wake(trainer.global_step)
+        step = (self._steps or self._read_steps(trainer))()
+        if step >= self._next_alarm:
+            self._wake(step)
         start = self._start
         if start is not None:
             start(trainer, *args, **kwargs)
+
+    def _read_steps(self, trainer: pl.Trainer) -> Callable[[], int]:
+        self._steps = step_reader(trainer)
+        return self._steps
 
     def _wake(self, step: int) -> None:
         for key, (until, member, was_quiet) in list(self._alarms.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -14,6 +15,7 @@ from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.lightning import Callback, rank_zero_info, rank_zero_warn
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
+from lightning_speedpack.core.steps import step_reader
 from lightning_speedpack.data_xray.ceilings import (
     Verdict,
     batch_unit,
@@ -201,6 +203,7 @@ class DataPipelineProfiler(Callback):
         # batch says no size, as samples_in_batch; the log interval is read once per fit.
         self._sizer = BatchSizer()
         self._every = log_every_n_steps or 50
+        self._steps: Callable[[], int] | None = None  # this fit's global step, read cheaply
 
     @property
     @override
@@ -210,6 +213,7 @@ class DataPipelineProfiler(Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_loaders"] = FitLoaders()
+        state["_steps"] = None  # a reader of the last fit's Trainer, maybe a closure
         return state
 
     # ---- Lightning hooks -------------------------------------------------------------------
@@ -228,6 +232,7 @@ class DataPipelineProfiler(Callback):
         self.not_timed, self._loader_fix = None, None
         self._sizer = BatchSizer()
         self._every = sampling.log_interval(self.log_every_n_steps, trainer)
+        self._steps = None
         self._loaders.new_fit()
         self._loaders.shadow(trainer)
 
@@ -274,9 +279,11 @@ class DataPipelineProfiler(Callback):
         if epoch is not None:
             epoch.samples += self._sizer(batch)
             epoch.batches += 1
-        step = trainer.global_step
         # `log_every_n_steps=0` (and `barebones=True`): Lightning logs no step, nor does this
-        if self._every and step % self._every == 0 and step != self._last_logged_step:
+        if not self._every:
+            return
+        step = (self._steps or self._read_steps(trainer))()
+        if step % self._every == 0 and step != self._last_logged_step:
             self._window()
             self._log(trainer)
 
@@ -484,6 +491,10 @@ class DataPipelineProfiler(Callback):
         waits = (steady.wait_fraction, steady.wait_ms_per_batch) if steady else (None, None)
         publish_verdict(checked.verdict, workers, *waits)
         rank_zero_info(f"DataPipelineProfiler, checked against the run: {checked.message}")
+
+    def _read_steps(self, trainer: pl.Trainer) -> Callable[[], int]:
+        self._steps = step_reader(trainer)
+        return self._steps
 
     def _window(self) -> None:
         """What the loading processes did since the last read, added to the run totals."""
