@@ -22,6 +22,7 @@ from lightning_speedpack.core.profiler_tap import tap, untap
 from lightning_speedpack.timeline import options, report
 from lightning_speedpack.timeline import transfer as _transfer
 from lightning_speedpack.timeline.nvtx import NvtxApi, resolve_nvtx
+from lightning_speedpack.timeline.optimizer_hooks import OptimizerStepHooks
 from lightning_speedpack.timeline.options import TRACE_DIR_ENV, TRACE_ENV
 from lightning_speedpack.timeline.phases import PHASES, PhaseClock, shares
 from lightning_speedpack.timeline.ranges import RangeStack
@@ -216,7 +217,7 @@ class StepTimeline(Callback):
         self._ranges = RangeStack(None, profiler=False)
         self._window: TraceWindow | None = None
         self._subscription: events.Subscription | None = None
-        self._hooks: list[Any] = []
+        self._hooks = OptimizerStepHooks(self._before_optimizer_step, self._after_optimizer_step)
         self._manual = False
         self._in_batch = False
         self._step_open = False
@@ -229,7 +230,7 @@ class StepTimeline(Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_ranges=RangeStack(None, profiler=False), _window=None, _subscription=None)
-        state.update(_hooks=[], _in_batch=False, _step_open=False, _training=False)
+        state.update(_in_batch=False, _step_open=False, _training=False)
         state.update(_tapped=None, _actions={})
         return state
 
@@ -286,9 +287,7 @@ class StepTimeline(Callback):
         self._manual = not pl_module.automatic_optimization
         self._training = True
         self._watch_transfer(trainer)
-        for optimizer in trainer.optimizers:
-            self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
-            self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        self._hooks.watch(trainer.optimizers)  # hooked while a step is timed
         if self._sync_always:
             self._listen()
 
@@ -490,6 +489,7 @@ class StepTimeline(Callback):
             self._idle_until_sampled(trainer, step)
             return
         self._quiet(())
+        self._hooks.attach()
         self._step_open = True
         self._ranges.push(f"speedpack/step_{step}", _STEP_RANGE)
         self._ranges.push(_RANGE["other"])  # until the fetch starts
@@ -502,6 +502,7 @@ class StepTimeline(Callback):
         wake = sampling.end_due(step, self.sample_every_n_steps, every)
         hub = hub_of(self) if self.sample_every_n_steps > 1 else None
         self._quiet(TRAIN_STEP_HOOKS)  # quiet first: the hub keeps them quiet when it wakes us
+        self._hooks.detach()
         if hub is not None and self._window is None and wake > step:
             hub.sleep(self, _BATCH_HOOKS, wake)
 
@@ -595,6 +596,4 @@ class StepTimeline(Callback):
             if self._subscription is not None:
                 self._subscription.close()
                 self._subscription = None
-            hooks, self._hooks = self._hooks, []
-            for handle in hooks:
-                handle.remove()
+            self._hooks.forget()

@@ -269,13 +269,17 @@ def test_a_sampled_timeline_asleep_under_a_hub_times_and_logs_as_alone(
 
 
 class _HubHooks(Callback):
-    """Whether the hub's zero-grad hook is on, at each batch start (after the hub's own)."""
+    """Whether the hub's zero-grad hook is on, at each batch start (after the hub's own), and
+    how many step hooks the optimizer has."""
 
     def __init__(self, hub: HookHub) -> None:
-        self.hub, self.on = hub, []
+        self.hub, self.on, self.step_hooks = hub, [], []
 
     def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self.on.append(self.hub.on_before_zero_grad is not None)
+        optimizer = trainer.optimizers[0]
+        hooks = (optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks)
+        self.step_hooks.append(tuple(len(h) for h in hooks))
 
 
 @pytest.mark.slow
@@ -290,6 +294,10 @@ def test_under_a_hub_the_steps_left_out_skip_the_timelines_hooks_altogether(
     trainer.fit(_SlowStep())
     # the timeline alone took the hook: Lightning calls it on the sampled steps only
     assert spy.on == [True, False, False, False, True, False, False, False, True]
+    # the optimizer's step hooks are in place on those steps only
+    assert [n != (0, 0) for n in spy.step_hooks] == spy.on
+    assert set(spy.step_hooks) == {(0, 0), (1, 1)}
+    assert trainer.optimizers[0]._optimizer_step_pre_hooks == {}  # and gone after the fit
     assert timeline._clock.run.batches == 3
     assert timeline.doctor_figures()["phase_ms"]["data_wait"] >= 8.0  # the fetch before each
     assert hub.on_before_zero_grad is not None  # the fit is over: nothing is left quiet
