@@ -78,18 +78,26 @@ def next_sampled(step: int, every: int) -> int:
     return (step // sparse + 1) * sparse
 
 
-def cadence(every: int) -> str:
+def cadence(every: int, timed: int | None = None) -> str:
     """How a tool that samples with ``every`` picks its steps, in words (for its report).
+
+    ``timed``: the steps it timed in the fit; no more than it times before
+    :data:`SPARSE_FROM_STEP`, and the back-off, which the fit never reached, goes unsaid.
 
     Example:
         >>> cadence(8)
         '1 step in 8, from step 128 1 in 32'
+        >>> cadence(8, timed=22), cadence(8, timed=31)
+        ('1 step in 8', '1 step in 8, from step 128 1 in 32')
         >>> cadence(1)
         'every step'
     """
     if every == 1:
         return "every step"
-    return f"1 step in {every}, from step {SPARSE_FROM_STEP} 1 in {every * SPARSER}"
+    dense = f"1 step in {every}"
+    if timed is not None and timed <= sum(sampled(s, every) for s in range(SPARSE_FROM_STEP)):
+        return dense
+    return f"{dense}, from step {SPARSE_FROM_STEP} 1 in {every * SPARSER}"
 
 
 def check_sample_every(value: Any) -> int:

@@ -74,7 +74,7 @@ def doctor_findings(
     out: list[Finding] = []
     if run.batches:
         sampled = (
-            f" (timed on {cadence(sample_every)}: {run.batches} batches)"
+            f" (timed on {cadence(sample_every, run.batches)}: {run.batches} batches)"
             if sample_every > 1
             else ""
         )

@@ -29,6 +29,10 @@ def test_a_long_fit_is_sampled_more_sparsely_from_step_128() -> None:
         step = sampling.next_sampled(step, 8)
     assert woken == watched
     assert sampling.cadence(8) == "1 step in 8, from step 128 1 in 32"
+    # a fit that timed no more steps than the dense stretch holds never backed off
+    dense = sum(sampling.sampled(s, 8) for s in range(sampling.SPARSE_FROM_STEP))
+    assert (dense, sampling.cadence(8, timed=dense)) == (30, "1 step in 8")
+    assert sampling.cadence(8, timed=dense + 1) == "1 step in 8, from step 128 1 in 32"
 
 
 def test_the_timeline_and_the_sync_points_sample_the_same_steps_under_the_doctor() -> None:
