@@ -234,6 +234,8 @@ class LossRetentionDetector(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch += 1 + self._batches_slept(trainer)
+        if self.check_every_n_steps == 1:  # every batch is tagged and walked (the default)
+            return
         now = self._schedule(trainer, batch_idx)
         self._tagging = schedule.tag_due(now)
         hub = self._hub
