@@ -87,7 +87,7 @@ def _once_hooks() -> dict[str, frozenset[Any]]:
 
     Each with its empty defaults (one per Lightning namespace installed): a member that leaves
     a hook at its default is not called for it, where Lightning would have entered the
-    profiler for nothing (twenty such calls at every epoch's start and end under the doctor).
+    profiler for nothing (9 of the 20 calls at every epoch's start and end under the doctor).
     """
     defaults: dict[str, set[Any]] = {}
     for base in classes("Callback"):

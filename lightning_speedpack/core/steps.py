@@ -1,8 +1,9 @@
 """Read ``trainer.global_step`` on a hot path without its chain of properties.
 
-``trainer.global_step`` goes through five Python properties (the fit loop's epoch loop, the
-Trainer's and the strategy's ``lightning_module``, ``automatic_optimization``, the progress's
-``optimizer_steps``): ~12 interpreted lines, read a few times a batch by the doctor's tools. The
+``trainer.global_step`` goes through seven Python properties (the Trainer's and the epoch
+loop's ``global_step``, the Trainer's ``strategy`` and ``lightning_module``, the strategy's
+``lightning_module``, ``automatic_optimization``, the progress's ``optimizer_steps``): ~12
+interpreted lines, read a few times a batch by the doctor's tools. The
 count itself is one attribute of a progress tracker that Lightning updates in place for the
 whole fit; :func:`step_reader` finds that tracker once and reads it with no Python frame.
 """

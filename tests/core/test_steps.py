@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from pytorch_lightning import Trainer
 from pytorch_lightning.demos.boring_classes import BoringModel
 
 from lightning_speedpack.core.steps import step_reader
+from tests.helpers.models import quiet_trainer_kwargs
 
 
 class _Reads(BoringModel):
@@ -42,23 +44,16 @@ class _Manual(_Reads):
 
 
 @pytest.mark.parametrize(
-    ("model", "kwargs"),
-    [(_Reads(), {}), (_Reads(), {"accumulate_grad_batches": 3}), (_Manual(), {})],
+    ("kind", "kwargs"),
+    [(_Reads, {}), (_Reads, {"accumulate_grad_batches": 3}), (_Manual, {})],
     ids=["automatic", "accumulating", "manual"],
 )
-def test_it_reads_the_global_step_at_every_batch(model: _Reads, kwargs: dict[str, Any]) -> None:
-    trainer = Trainer(
-        max_epochs=2,
-        limit_train_batches=7,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        accelerator="cpu",
-        **kwargs,
-    )
-    trainer.fit(model)
+def test_it_reads_the_global_step_at_every_batch(
+    kind: type[_Reads], kwargs: dict[str, Any], tmp_path: Path
+) -> None:
+    model = kind()
+    kw = quiet_trainer_kwargs(tmp_path, max_epochs=2, limit_train_batches=7, limit_val_batches=0)
+    Trainer(**kw, **kwargs).fit(model)
     assert len(model.pairs) == 14
     assert all(read == expected for read, expected in model.pairs), model.pairs
     assert model.pairs[-1][1] > 0
