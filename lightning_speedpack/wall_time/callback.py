@@ -26,11 +26,17 @@ from lightning_speedpack.core.batch import BatchSizeError, infer_batch_size
 from lightning_speedpack.core.cpu_wait import usable_cores
 from lightning_speedpack.core.findings import Finding
 from lightning_speedpack.core.hook_hub import HookHub, callbacks_of
-from lightning_speedpack.core.hooks import PER_BATCH_HOOKS, TRAIN_STEP_HOOKS, overrides
-from lightning_speedpack.core.lightning import Callback, classes
-from lightning_speedpack.core.profiler_tap import TRAIN_FETCH, tap, untap
+from lightning_speedpack.core.lightning import Callback
+from lightning_speedpack.core.profiler_tap import tap, untap
 from lightning_speedpack.core.registry import register_diagnostic
 from lightning_speedpack.core.tables import TABLES, log_fit_end, log_summary, log_table
+from lightning_speedpack.wall_time.actions import (
+    FETCHED,
+    HUB_CARVED,
+    IGNORED,
+    ActionKeys,
+    callback_key,
+)
 from lightning_speedpack.wall_time.collector import CollectorClock, carve_collections
 from lightning_speedpack.wall_time.findings import wall_findings
 from lightning_speedpack.wall_time.ledger import (
@@ -48,12 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WallTimeLedger"]
 
-_TRANSFER = ".batch_to_device"
-_BEFORE_TRANSFER = "on_before_batch_transfer"
-_IGNORED = ("", "")  # an action the ledger does not bracket (cached by name)
-_FETCHED = ("fetch", "")  # the DataLoader's fetch: data wait, or the epoch's start
 _LOGGER_WRITES = ("log_metrics", "log_hyperparams", "save", "finalize")
-_LOADER_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
 
 
 @dataclass
@@ -138,8 +139,7 @@ class WallTimeLedger(Callback):
         self._findings: list[Finding] | None = None
         self._first_fetch = False  # the next fetch is the epoch's first
         self._epoch_started = 0.0
-        self._keys: dict[str, tuple[str, str]] = {}  # action name -> (key, detail)
-        self._callbacks: dict[str, Any] = {}  # state_key -> callback
+        self._keys = ActionKeys({}, None)  # action name -> (key, detail)
         self._hubs: list[HookHub] = []  # whose brackets hold other callbacks' hooks
         self._val: ValidationRun | None = None
         self._patches: list[_Patch] = []
@@ -157,7 +157,7 @@ class WallTimeLedger(Callback):
                 _stack=list(self.ledger._stack),
             )
             state["collector"] = self.collector.settled(state["ledger"])
-        state.update(_patches=[], _trainer=None, _keys={}, _callbacks={}, _hubs=[])
+        state.update(_patches=[], _trainer=None, _keys=ActionKeys({}, None), _hubs=[])
         return state
 
     # ---- the public view -----------------------------------------------------------------
@@ -200,15 +200,18 @@ class WallTimeLedger(Callback):
         for hub in self._hubs:
             shares: dict[tuple[str, str], float] = {}
             for (member, hook), spent in hub.seconds().items():
-                share = (_callback_key(member), hook)
+                share = (callback_key(member), hook)
                 shares[share] = shares.get(share, 0.0) + spent
-            # The hub's in-step hooks are not bracketed (four brackets a batch): they were
-            # charged to the training step, and the hub timed each member's call.
-            measured = {
-                h: sum(s for (_, d), s in shares.items() if d == h) for h in TRAIN_STEP_HOOKS
-            }
-            carve("training_step", _callback_key(hub), measured, seconds, details)
-            share_out(_callback_key(hub), shares, seconds, details)
+            # The hub's per-batch training hooks are not bracketed (six brackets a batch): they
+            # were charged to the part they ran in, and the hub timed each member's call.
+            for source in set(HUB_CARVED.values()):
+                measured = {
+                    h: sum(s for (_, d), s in shares.items() if d == h)
+                    for h, part in HUB_CARVED.items()
+                    if part == source
+                }
+                carve(source, callback_key(hub), measured, seconds, details)
+            share_out(callback_key(hub), shares, seconds, details)
         return seconds, details
 
     def fractions(self) -> dict[str, float]:
@@ -244,7 +247,7 @@ class WallTimeLedger(Callback):
         self._trainer = trainer
         self.ledger.open(start, "setup")
         self.collector.start()
-        self._callbacks = {cb.state_key: cb for cb in callbacks_of(trainer)}
+        self._keys = ActionKeys({cb.state_key: cb for cb in callbacks_of(trainer)}, pl_module)
         self._hubs = [cb for cb in trainer.callbacks if isinstance(cb, HookHub)]  # type: ignore[attr-defined]
         self._install(trainer)
 
@@ -303,7 +306,7 @@ class WallTimeLedger(Callback):
 
     def wants(self, name: str) -> bool:
         """Whether the ledger brackets the profiled action ``name`` (asked once per name)."""
-        return self._found(name) is not _IGNORED
+        return self._keys[name] is not IGNORED
 
     def handler(self, name: str) -> Callable[[str, bool, float], None] | None:
         """What hears the profiled action ``name`` (asked once per name by the tap).
@@ -312,11 +315,11 @@ class WallTimeLedger(Callback):
         closes it with no look-up, the fetch and the copy theirs; a save keeps
         :meth:`on_action`'s count.
         """
-        found = self._found(name)
-        if found is _IGNORED:
+        found = self._keys[name]
+        if found is IGNORED:
             return None
         key, detail = found
-        if found is _FETCHED:
+        if found is FETCHED:
             return self._on_fetch
         if name == "save_checkpoint":
             return self.on_action
@@ -341,19 +344,12 @@ class WallTimeLedger(Callback):
 
         return transfer
 
-    def _found(self, name: str) -> tuple[str, str]:
-        # One dict look-up for the ~150 actions a batch under the doctor; most are ignored.
-        found = self._keys.get(name)
-        if found is None:
-            found = self._keys[name] = self._key_of(name) or _IGNORED
-        return found
-
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Charge a profiled action (see :mod:`~lightning_speedpack.core.profiler_tap`)."""
-        found = self._keys.get(name) or self._found(name)  # a found pair is never empty
-        if found is _IGNORED:
+        found = self._keys[name]  # found once a name (ActionKeys.__missing__)
+        if found is IGNORED:
             return
-        if found is _FETCHED:
+        if found is FETCHED:
             self._on_fetch(name, started, now)
             return
         if not started:
@@ -375,37 +371,6 @@ class WallTimeLedger(Callback):
             self._first_fetch = False
             self.epoch_starts.append(now - self._epoch_started)
             self.ledger.switch(now, "unaccounted")
-
-    def _key_of(self, name: str) -> tuple[str, str] | None:
-        if name.endswith(TRAIN_FETCH):
-            return _FETCHED
-        if name == "run_training_batch":
-            return "training_step", ""
-        if name == "save_checkpoint":
-            return "checkpoint", "save_checkpoint"
-        kind, _, rest = name.partition("]")
-        target, _, hook = rest.rpartition(".")
-        if kind == "[Callback":
-            if hook in ("on_save_checkpoint", "on_load_checkpoint"):
-                return "checkpoint", hook
-            callback = self._callbacks.get(target)
-            if callback is None:  # added after setup: its state key starts with its class name
-                return _key_from_state(target), hook
-            own = getattr(callback, "__dict__", {}).get(hook)  # set on the instance (a HookHub)
-            if not overrides(type(callback), hook) and not callable(own):
-                return None  # Lightning's empty default: a bracket would only cost time
-            if isinstance(callback, HookHub) and hook not in PER_BATCH_HOOKS:
-                return None  # the hub's own once-a-fit upkeep: not any member's time
-            if isinstance(callback, HookHub) and hook in TRAIN_STEP_HOOKS:
-                return None  # inside the training batch: carved out of it by the hub's clock
-            return _callback_key(callback), hook
-        if kind == "[Strategy" and hook == _TRANSFER[1:]:
-            return "batch_transfer", ""
-        if kind in ("[LightningModule", "[LightningDataModule") and hook in _LOADER_HOOKS:
-            return "setup", hook
-        if kind in ("[LightningModule", "[LightningDataModule") and hook == _BEFORE_TRANSFER:
-            return "batch_transfer", hook  # Lightning calls it just before `batch_to_device`
-        return None
 
     # ---- brackets on the Trainer's loops -------------------------------------------------
 
@@ -578,19 +543,6 @@ class WallTimeLedger(Callback):
 
 def _share(value: float, total: float) -> float:
     return round(value / total, 4) if total > 0 else 0.0
-
-
-def _callback_key(callback: Any) -> str:
-    if isinstance(callback, classes("callbacks.Checkpoint")):
-        return "checkpoint"
-    if isinstance(callback, classes("callbacks.ProgressBar")):
-        return "logging"
-    return CALLBACK_PREFIX + type(callback).__name__
-
-
-def _key_from_state(state_key: str) -> str:
-    # A callback added after setup: its state key starts with its class's qualified name.
-    return CALLBACK_PREFIX + state_key.partition("{")[0].rpartition(".")[2]
 
 
 def _doctor_factory(ctx: Any) -> WallTimeLedger:

@@ -482,3 +482,87 @@ def test_lightnings_batch_size_search_is_an_info_with_what_it_found(
     assert finding.message.endswith(f"; it found batch size {finder.optimal_batch_size}")
     assert "cheaper" not in (finding.fix or "")
     assert "put it in your code" in (finding.fix or "")
+
+
+@each_namespace
+def test_a_hubs_batch_hooks_and_a_default_transfer_hook_open_no_bracket(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # Under the doctor every training batch opened six brackets in the ledger, three of them
+    # for nothing to measure: the hub's `on_train_batch_start`/`_end` (the hub times each of
+    # its members itself) and Lightning's empty `on_before_batch_transfer`. Each costs the
+    # profiler tap, the ledger's enter and leave: ~25 Python lines a batch on every rank.
+    from lightning_speedpack.core.hook_hub import HookHub
+
+    class StartsAndEndsSlowly(ns.Callback):  # type: ignore[misc, name-defined]
+        def on_train_batch_start(self, *args: Any) -> None:
+            time.sleep(NAP)
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            time.sleep(NAP)
+
+    steps = 4
+    hub = HookHub([StartsAndEndsSlowly()], owns=True)  # as the doctor attaches its own
+    ledger = WallTimeLedger()
+    opened: list[str] = []
+    trainer = ns.Trainer(callbacks=[ledger, hub], **quiet_trainer_kwargs(tmp_path, max_steps=steps))
+
+    class Counting(type(ledger.ledger)):  # type: ignore[misc]
+        def enter(self, now: float, key: str, *, token: str, detail: str = "") -> None:
+            opened.append(token)
+            super().enter(now, key, token=token, detail=detail)
+
+    real_reset = ledger._reset
+
+    def reset() -> None:  # the ledger is made anew at setup: count that one's brackets
+        real_reset()
+        ledger.ledger.__class__ = Counting
+
+    ledger._reset = reset  # type: ignore[method-assign]
+    trainer.fit(_model(ns.name)())
+    per_batch = [t for t in opened if "batch" in t]
+    assert not [t for t in per_batch if "HookHub" in t or "before_batch_transfer" in t]
+    assert per_batch.count("run_training_batch") == steps
+    # ... and the member's time is still its own, all of it, taken from Lightning's loop.
+    seconds = ledger.seconds()
+    assert ledger.callback_seconds()["StartsAndEndsSlowly"] >= 2 * steps * NAP
+    assert seconds["unaccounted"] >= 0.0
+    assert sum(seconds.values()) == pytest.approx(ledger.total_s)
+    by_hook = {d: s for (k, d), s in ledger.details().items() if k.endswith("AndEndsSlowly")}
+    assert by_hook["on_train_batch_start"] >= steps * NAP
+    assert by_hook["on_train_batch_end"] >= steps * NAP
+
+
+@each_namespace
+def test_a_transfer_hook_of_the_users_is_still_the_batch_transfer(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # Guards the condition above: only Lightning's empty default goes unbracketed, whether
+    # the module or the datamodule overrides the hook (Lightning then names the datamodule).
+    class Augments(_model(ns.name)):  # type: ignore[misc]
+        def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            time.sleep(NAP)
+            return batch
+
+    steps = 4
+    ledger, _, _ = _fit(ns, tmp_path / "module", Augments(), [], max_steps=steps)
+    assert ledger.seconds()["batch_transfer"] >= steps * NAP
+
+    class Data(ns.module.LightningDataModule):  # type: ignore[misc, name-defined]
+        def train_dataloader(self) -> Any:
+            return _model(ns.name)().train_dataloader()
+
+        def val_dataloader(self) -> Any:
+            return _model(ns.name)().val_dataloader()
+
+        def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            time.sleep(NAP)
+            return batch
+
+    ledger = WallTimeLedger()
+    trainer = ns.Trainer(
+        callbacks=[ledger],
+        **quiet_trainer_kwargs(tmp_path / "data", max_steps=steps, limit_val_batches=0),
+    )
+    trainer.fit(_model(ns.name)(), datamodule=Data())
+    assert ledger.seconds()["batch_transfer"] >= steps * NAP
