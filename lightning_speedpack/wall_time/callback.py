@@ -204,7 +204,7 @@ class WallTimeLedger(Callback):
                 shares[share] = shares.get(share, 0.0) + spent
             # The hub's per-batch training hooks are not bracketed (six brackets a batch): they
             # were charged to the part they ran in, and the hub timed each member's call.
-            for source in set(HUB_CARVED.values()):
+            for source in dict.fromkeys(HUB_CARVED.values()):  # in a fixed order
                 measured = {
                     h: sum(s for (_, d), s in shares.items() if d == h)
                     for h, part in HUB_CARVED.items()
