@@ -202,7 +202,7 @@ class WallTimeLedger(Callback):
             for (member, hook), spent in hub.seconds().items():
                 share = (callback_key(member), hook)
                 shares[share] = shares.get(share, 0.0) + spent
-            # The hub's per-batch training hooks are not bracketed (six brackets a batch): they
+            # The hub's per-batch training hooks are not bracketed (`actions.HUB_CARVED`): they
             # were charged to the part they ran in, and the hub timed each member's call.
             for source in dict.fromkeys(HUB_CARVED.values()):  # in a fixed order
                 measured = {
