@@ -14,7 +14,9 @@ A tap sets ``start`` and ``stop`` (over Lightning's default profiler, ``profile`
 :class:`_Action`) as *instance* attributes of the Trainer's profiler object:
 the profiler's class, its ``isinstance`` checks and its own timing are untouched (each listener
 runs before the profiler's own ``start`` and after its own ``stop``), and :func:`untap` removes
-the attributes when the last listener leaves. Several tools may listen to the same Trainer.
+the attributes when the last listener leaves. Several tools may listen to the same Trainer. A
+listener with nothing to hear for a stretch (a sampled tool between its samples) can
+:func:`mute` itself: only the actions it hears are rerouted, and it is not called until unmuted.
 Lightning's default ``PassThroughProfiler`` does nothing in ``start``/``stop``, so with it the
 tap calls only the listeners (a subclass that overrides either method keeps both called).
 """
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any, Protocol
 
-__all__ = ["TRAIN_FETCH", "ActionListener", "FetchTimer", "tap", "untap"]
+__all__ = ["TRAIN_FETCH", "ActionListener", "FetchTimer", "mute", "tap", "untap"]
 
 #: How the name of the training fetch action ends. Matched as a suffix: the part before it is
 #: the epoch loop's class name, which a subclassed or future loop may change.
@@ -59,15 +61,22 @@ class _Action:
     tap than without it, and the listeners hear the same starts and stops in the same order.
     An action no listener wants is a :class:`_Silent` one (most of them), one that a single
     listener hears a :class:`_HeardOnce` one (called without a loop), one that several hear a
-    :class:`_Heard` one; :meth:`reroute` switches between them.
+    :class:`_Heard` one; :meth:`reroute` switches between them. ``full`` keeps every listener
+    that would hear it (by ``id``) with its hearer, muted or not, so :meth:`hear` can leave the
+    muted out again without asking the listeners.
     """
 
-    __slots__ = ("back", "name", "one", "route")
+    __slots__ = ("back", "full", "name", "one", "route")
     one: Callable[[str, bool, float], None]  # the only listener (a ``_HeardOnce``'s)
 
-    def __init__(self, name: str, route: tuple[Callable[[str, bool, float], None], ...]) -> None:
+    def __init__(self, name: str, full: _Hearers, muted: set[int]) -> None:
         self.name = name
-        self.reroute(route)
+        self.hear(full, muted)
+
+    def hear(self, full: _Hearers, muted: set[int]) -> None:
+        """Heard by the hearers in ``full`` whose listener is not in ``muted``."""
+        self.full = full
+        self.reroute(tuple(heard for key, heard in full if key not in muted))
 
     def reroute(self, route: tuple[Callable[[str, bool, float], None], ...]) -> None:
         """Who hears this action from now on (in order; a stop is heard in reverse order)."""
@@ -113,17 +122,18 @@ class _HeardOnce(_Action):
         self.one(self.name, False, perf_counter())
 
 
-class _Actions(dict[str, _Action]):
-    """Action name -> its :class:`_Action`, its route found the first time the name is seen."""
+_Hearers = tuple[tuple[int, Callable[[str, bool, float], None]], ...]  # (id(listener), hearer)
 
-    def __init__(
-        self, route_of: Callable[[str], tuple[Callable[[str, bool, float], None], ...]]
-    ) -> None:
+
+class _Actions(dict[str, _Action]):
+    """Action name -> its :class:`_Action`, built by ``new`` the first time the name is seen."""
+
+    def __init__(self, new: Callable[[str], _Action]) -> None:
         super().__init__()
-        self.route_of = route_of
+        self.new = new
 
     def __missing__(self, name: str) -> _Action:
-        action = self[name] = _Action(name, self.route_of(name))
+        action = self[name] = self.new(name)
         return action
 
 
@@ -133,7 +143,9 @@ class _Tap:
     def __init__(self, profiler: Any) -> None:
         self.profiler = profiler
         self.listeners: list[ActionListener] = []
-        self.actions = _Actions(self._route)  # action name -> who hears it, in listening order
+        self.muted: set[int] = set()  # id() of the listeners muted for now
+        self.heard_by: dict[int, list[_Action]] = {}  # id(listener) -> the actions it hears
+        self.actions = _Actions(self._new_action)  # action name -> who hears it, in order
         # What the instance had before (usually nothing: the class's methods).
         self._saved = {
             k: profiler.__dict__[k] for k in ("start", "stop", "profile") if k in profiler.__dict__
@@ -178,16 +190,44 @@ class _Tap:
 
         return start_then_own, own_then_stop
 
-    def _route(self, name: str) -> tuple[Callable[[str, bool, float], None], ...]:
-        return tuple(heard for heard in map(_hearer(name), self.listeners) if heard is not None)
+    def _route(self, name: str) -> _Hearers:
+        hearer = _hearer(name)
+        return tuple(
+            (id(listener), heard)
+            for listener in self.listeners
+            if (heard := hearer(listener)) is not None
+        )
+
+    def _new_action(self, name: str) -> _Action:
+        action = _Action(name, self._route(name), self.muted)
+        self._index(action)
+        return action
+
+    def _index(self, action: _Action) -> None:
+        for key, _ in action.full:
+            self.heard_by.setdefault(key, []).append(action)
 
     def reroute(self) -> None:
         """Route the names seen so far again, after a listener joined or left.
 
         In place: an action entered before the change is heard stopping by who listens now.
         """
+        self.heard_by.clear()
         for name, action in self.actions.items():
-            action.reroute(self._route(name))
+            action.hear(self._route(name), self.muted)
+            self._index(action)
+
+    def mute(self, listener: ActionListener, muted: bool) -> None:
+        """Leave ``listener`` out of (or put it back in) the routes of the actions it hears."""
+        key = id(listener)
+        if muted == (key in self.muted) or listener not in self.listeners:
+            return
+        if muted:
+            self.muted.add(key)
+        else:
+            self.muted.discard(key)
+        for action in self.heard_by.get(key, ()):  # only these: a few names, not all
+            action.hear(action.full, self.muted)
 
     def remove(self) -> None:
         for key in ("start", "stop", "profile"):
@@ -263,19 +303,48 @@ def untap(trainer: Any, listener: ActionListener) -> None:
         return
     if listener in entry.listeners:
         entry.listeners.remove(listener)
+        entry.muted.discard(id(listener))
         entry.reroute()
     if not entry.listeners:
         entry.remove()
         del _TAPS[id(profiler)]
 
 
+def mute(trainer: Any, listener: ActionListener, muted: bool = True) -> None:
+    """Stop calling ``listener`` (``muted``) or call it again, while it stays tapped.
+
+    For a listener with nothing to hear for a stretch (a sampled tool between its samples):
+    only the actions it hears are rerouted, so muting costs a few lines where its calls cost
+    a few a batch. An action it heard start while unmuted is not heard stopping once muted.
+    A listener that is not tapped is left alone; :func:`untap` forgets the mute.
+
+    Example:
+        >>> class Count:
+        ...     def __init__(self): self.n = 0
+        ...     def on_action(self, name, started, now): self.n += started
+        >>> from pytorch_lightning.profilers import PassThroughProfiler
+        >>> class T: profiler = PassThroughProfiler()
+        >>> trainer, count = T(), Count()
+        >>> tap(trainer, count)
+        >>> mute(trainer, count)
+        >>> with trainer.profiler.profile("run_training_batch"): pass
+        >>> mute(trainer, count, False)
+        >>> with trainer.profiler.profile("run_training_batch"): pass
+        >>> untap(trainer, count); count.n
+        1
+    """
+    entry = _TAPS.get(id(getattr(trainer, "profiler", None)))
+    if entry is not None and entry.profiler is trainer.profiler:
+        entry.mute(listener, muted)
+
+
 class FetchTimer:
     """An action listener that hands each training-batch fetch's seconds to ``charge``.
 
-    It is told of every profiled action (tens per batch: every hook of every callback), so the
-    check that rejects the others is one ``str.endswith``; a fetch costs one subtraction and one
-    call. Validation fetches (``...val_next``) are not training fetches and are ignored; a stop
-    whose start came before the tap is dropped.
+    Tapped, it is routed the training fetch alone (its :meth:`handler`, asked once per action
+    name), so a fetch costs one subtraction and one call and no other action calls it; called
+    directly, :meth:`on_action` checks the name. Validation fetches (``...val_next``) are not
+    training fetches and are ignored; a stop whose start came before the tap is dropped.
 
     Example:
         >>> waits = []
@@ -293,15 +362,17 @@ class FetchTimer:
         self._charge = charge
         self._began: float | None = None  # when the fetch in progress started
 
-    @staticmethod
-    def wants(name: str) -> bool:
-        """Only the training fetch."""
-        return name.endswith(TRAIN_FETCH)
+    def handler(self, name: str) -> Callable[[str, bool, float], None] | None:
+        """What the tap calls for ``name``: :meth:`heard` for the training fetch, else none."""
+        return self.heard if name.endswith(TRAIN_FETCH) else None
 
     def on_action(self, name: str, started: bool, now: float) -> None:
         """Time ``name`` if it is a training fetch; its seconds go to ``charge``."""
-        if not name.endswith(TRAIN_FETCH):
-            return
+        if name.endswith(TRAIN_FETCH):
+            self.heard(name, started, now)
+
+    def heard(self, name: str, started: bool, now: float) -> None:
+        """The training fetch ``name`` starts or stops (the tap routes no other name here)."""
         if started:
             self._began = now
         elif self._began is not None:

@@ -97,10 +97,14 @@ class CounterTable:
         # Tensor method (cheaper, and nothing a sync detector watching tensors would report).
         self.cells: np.ndarray[Any, Any] = self.values.numpy()
         self.name_bytes: np.ndarray[Any, Any] = self.names.numpy()
+        # ...and flat memoryviews of them: a cell or a slice read from Python, no numpy call
+        self.flat_cells: memoryview = self.cells.reshape(-1).data
+        self.flat_names: memoryview = self.name_bytes.reshape(-1).data
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["cells"], state["name_bytes"]  # the tensors carry the shared memory
+        for view in ("cells", "name_bytes", "flat_cells", "flat_names"):
+            del state[view]  # the tensors carry the shared memory
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

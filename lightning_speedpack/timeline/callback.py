@@ -18,7 +18,7 @@ from lightning_speedpack.core.hook_hub import hub_of
 from lightning_speedpack.core.hooks import TRAIN_STEP_HOOKS
 from lightning_speedpack.core.lightning import Callback, rank_zero_warn
 from lightning_speedpack.core.nested import leaves
-from lightning_speedpack.core.profiler_tap import tap, untap
+from lightning_speedpack.core.profiler_tap import mute, tap, untap
 from lightning_speedpack.timeline import options, report
 from lightning_speedpack.timeline import transfer as _transfer
 from lightning_speedpack.timeline.nvtx import NvtxApi, resolve_nvtx
@@ -230,8 +230,7 @@ class StepTimeline(Callback):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_ranges=RangeStack(None, profiler=False), _window=None, _subscription=None)
-        state.update(_in_batch=False, _step_open=False, _training=False)
-        state.update(_tapped=None, _actions={})
+        state.update(_in_batch=False, _step_open=False, _training=False, _tapped=None, _actions={})
         return state
 
     # ---- results ---------------------------------------------------------------------------
@@ -507,9 +506,11 @@ class StepTimeline(Callback):
             hub.sleep(self, _BATCH_HOOKS, wake)
 
     def _quiet(self, hooks: tuple[str, ...]) -> None:
-        # Under the doctor's HookHub a hook left to no one is not called at all (1 ms steps)
-        if self.sample_every_n_steps > 1 and (hub := hub_of(self)) is not None:
-            hub.quiet(self, hooks)
+        # Between samples: no fetch or copy heard, and under the doctor's HookHub no hook called
+        if self.sample_every_n_steps > 1:
+            mute(self._tapped, self, bool(hooks))  # not tapped (None): nothing to mute
+            if (hub := hub_of(self)) is not None:
+                hub.quiet(self, hooks)
 
     def _pause(self) -> None:
         """Stop charging time and close the open ranges (validation, between epochs)."""

@@ -6,7 +6,7 @@ from typing import Any
 
 from pytorch_lightning.profilers import PassThroughProfiler, SimpleProfiler
 
-from lightning_speedpack.core.profiler_tap import FetchTimer, tap, untap
+from lightning_speedpack.core.profiler_tap import FetchTimer, mute, tap, untap
 
 FETCH = "[_TrainingEpochLoop].train_dataloader_next"
 
@@ -176,3 +176,67 @@ def test_a_handler_is_chosen_once_per_name() -> None:
     assert asked == ["kept", "ignored"]
     assert heard == [("kept", "kept", True), ("kept", "kept", False)] * 3
     untap(trainer, listener)
+
+
+def test_a_muted_listener_is_not_called_until_unmuted_and_the_others_still_hear() -> None:
+    for profiler in (PassThroughProfiler(), SimpleProfiler()):
+        trainer = _Trainer(profiler)
+        muted, other = _Heard(), _Heard()
+        tap(trainer, muted)
+        tap(trainer, other)
+        with profiler.profile("seen before"):
+            pass
+        mute(trainer, muted)
+        mute(trainer, muted)  # twice: still muted, nothing rerouted twice
+        for name in ("seen before", "first seen while muted"):
+            with profiler.profile(name):
+                pass
+        mute(trainer, muted, False)
+        for name in ("seen before", "first seen while muted"):
+            with profiler.profile(name):
+                pass
+        assert muted.heard == [
+            ("seen before", True),
+            ("seen before", False),
+            ("seen before", True),
+            ("seen before", False),
+            ("first seen while muted", True),
+            ("first seen while muted", False),
+        ]
+        assert len(other.heard) == 10  # every action, muted or not
+        untap(trainer, muted)
+        untap(trainer, other)
+        assert "start" not in vars(profiler)
+
+
+def test_muting_a_listener_that_is_not_tapped_changes_nothing() -> None:
+    trainer = _Trainer(PassThroughProfiler())
+    listening, stranger = _Heard(), _Heard()
+    mute(trainer, stranger)  # no tap on this profiler yet: nothing to do
+    tap(trainer, listening)
+    mute(trainer, stranger)
+    with trainer.profiler.profile("x"):
+        pass
+    tap(trainer, stranger)  # tapped after: it hears, the mute was never kept
+    with trainer.profiler.profile("x"):
+        pass
+    assert stranger.heard == [("x", True), ("x", False)]
+    assert len(listening.heard) == 4
+    untap(trainer, listening)
+    untap(trainer, stranger)
+
+
+def test_a_fetch_timer_is_routed_the_training_fetch_alone() -> None:
+    waits: list[float] = []
+    timer = FetchTimer(waits.append)
+    assert timer.handler("run_training_batch") is None
+    assert timer.handler("[_EvaluationLoop].val_next") is None
+    trainer = _Trainer(PassThroughProfiler())
+    tap(trainer, timer)
+    for name in ("run_training_batch", FETCH, "[_EvaluationLoop].val_next"):
+        with trainer.profiler.profile(name):
+            pass
+    heard = [name for name, action in trainer.profiler.profile.__self__.items() if action.route]
+    untap(trainer, timer)
+    assert heard == [FETCH]
+    assert len(waits) == 1

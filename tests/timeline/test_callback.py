@@ -268,6 +268,34 @@ def test_a_sampled_timeline_asleep_under_a_hub_times_and_logs_as_alone(
     assert runs[True][3] == [0, 1, 2, 3, 4, 5, 7, 8, 11, 12]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("hub", [False, True])
+def test_a_sampled_timeline_hears_the_fetch_and_copy_of_its_timed_steps_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub: bool
+) -> None:
+    # Between samples the timeline has nothing to hear: it mutes itself on the profiler tap, so
+    # the fetch and the copy of the steps left out (six actions a batch) do not call it at all.
+    monkeypatch.setattr(sampling, "SAMPLED_FROM_STEP", 0)
+    timeline = StepTimeline(sample_every_n_steps=4, nvtx=False)
+    heard: list[int] = []
+    on_action = timeline.on_action
+
+    def counted(name: str, started: bool, now: float) -> None:
+        heard.append(trainer.global_step)
+        on_action(name, started, now)
+
+    timeline.on_action = counted  # type: ignore[method-assign]
+    callbacks = [timeline, *([HookHub([timeline])] if hub else [])]
+    trainer = Trainer(callbacks=callbacks, **quiet_trainer_kwargs(tmp_path, max_steps=9))
+    trainer.fit(_SlowStep())
+    # the timed steps 0, 4 and 8, each heard from its fetch to its copy, and no other
+    assert sorted(set(heard)) == [0, 4, 8]
+    assert timeline._clock.run.batches == 3
+    phases = timeline.doctor_figures()["phase_ms"]
+    assert phases["data_wait"] >= 4.0  # _SlowData: 2 ms a sample, 2 a batch
+    assert phases["batch_transfer"] > 0.0
+
+
 class _HubHooks(Callback):
     """Whether the hub's zero-grad hook is on, at each batch start (after the hub's own), and
     how many step hooks the optimizer has."""
