@@ -7,8 +7,9 @@ launch of two ranks (Lightning's launcher, gloo, one torch thread a rank: ``zoo/
 clean MLP and Trainer) fits the job again and again, each fit plain, under the doctor's default
 set (``DoctorSession().installed()`` around the Trainer: what ``speedpack doctor`` does to a
 script) or plain again, in rotating order, ~3 s a fit. Rank 0 times each fit's training loop
-(``on_train_start`` to ``on_train_end``, wall and its process's CPU time) and prints the median
-of the paired ratios to the plain fit of the same round.
+(``on_train_start`` to ``on_train_end``, wall and its process's CPU time) and prints each
+variant's median against the plain fits' (the ratio of the medians, issue 37's figure) and the
+median of the paired ratios to the plain fit of the same round.
 
 What it leaves out: the doctor's start (its imports, the launch) and its end of fit (the report,
 the gather of every rank's figures), which ``world_zoo.py --pairs`` keeps in its ``trainer.fit``
@@ -59,6 +60,7 @@ def fit_loop(variant: str, root: Path) -> tuple[float, float, bool]:
 
 def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
     rows = []
+    plain = statistics.median(seconds["plain"])
     for variant in VARIANTS:
         mine = seconds[variant]
         paired = sorted(m / p for m, p in zip(mine, seconds["plain"], strict=True))
@@ -66,6 +68,8 @@ def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
             [
                 variant,
                 f"{statistics.median(mine):.3f}",
+                # issue 37's figure: the median against the plain fits' median
+                f"**{statistics.median(mine) / plain:.3f}x**",
                 f"**{paired_ratio(seconds, variant, 'plain'):.3f}x**",
                 f"{paired[0]:.3f}-{paired[-1]:.3f}x",
                 ", ".join(f"{s:.2f}" for s in mine),
@@ -109,7 +113,14 @@ def main() -> None:
         wall, cpu, zero = _alternate(args.rounds, Path(tmp))
     if not zero:
         return  # rank 1 trained too; rank 0 prints
-    header = ["variant", "median s", "median of paired ratios", "range", "seconds"]
+    header = [
+        "variant",
+        "median s",
+        "ratio of the medians",
+        "median of paired ratios",
+        "range",
+        "seconds",
+    ]
     title = (
         f"The clean 2-rank job's training loop ({args.epochs} epochs of 32 steps), "
         f"{args.rounds} rounds alternated in the same two ranks"
