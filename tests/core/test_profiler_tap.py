@@ -187,7 +187,7 @@ def test_a_muted_listener_is_not_called_until_unmuted_and_the_others_still_hear(
         with profiler.profile("seen before"):
             pass
         mute(trainer, muted)
-        mute(trainer, muted)  # twice: still muted, nothing rerouted twice
+        mute(trainer, muted)  # twice: the same as once
         for name in ("seen before", "first seen while muted"):
             with profiler.profile(name):
                 pass
