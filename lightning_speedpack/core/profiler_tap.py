@@ -319,18 +319,15 @@ def mute(trainer: Any, listener: ActionListener, muted: bool = True) -> None:
     A listener that is not tapped is left alone; :func:`untap` forgets the mute.
 
     Example:
-        >>> class Count:
-        ...     def __init__(self): self.n = 0
-        ...     def on_action(self, name, started, now): self.n += started
         >>> from pytorch_lightning.profilers import PassThroughProfiler
         >>> class T: profiler = PassThroughProfiler()
-        >>> trainer, count = T(), Count()
-        >>> tap(trainer, count)
-        >>> mute(trainer, count)
-        >>> with trainer.profiler.profile("run_training_batch"): pass
-        >>> mute(trainer, count, False)
-        >>> with trainer.profiler.profile("run_training_batch"): pass
-        >>> untap(trainer, count); count.n
+        >>> trainer, waits, fetch = T(), [], "[_TrainingEpochLoop].train_dataloader_next"
+        >>> timer = FetchTimer(waits.append)
+        >>> tap(trainer, timer); mute(trainer, timer)
+        >>> with trainer.profiler.profile(fetch): pass  # muted: not timed
+        >>> mute(trainer, timer, False)
+        >>> with trainer.profiler.profile(fetch): pass
+        >>> untap(trainer, timer); len(waits)
         1
     """
     entry = _TAPS.get(id(getattr(trainer, "profiler", None)))

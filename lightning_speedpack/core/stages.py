@@ -98,7 +98,7 @@ class CounterTable:
         self.cells: np.ndarray[Any, Any] = self.values.numpy()
         self.name_bytes: np.ndarray[Any, Any] = self.names.numpy()
         # ...and flat memoryviews of them: a cell or a slice read from Python, no numpy call
-        self.flat_cells: memoryview = self.cells.reshape(-1).data
+        self.flat_cells: Any = self.cells.reshape(-1).data  # format "d": floats in, floats out
         self.flat_names: memoryview = self.name_bytes.reshape(-1).data
 
     def __getstate__(self) -> dict[str, Any]:
@@ -183,8 +183,7 @@ class _Recorder:
 
     def __init__(self, table: CounterTable, row: int) -> None:
         table.clear_row(row)
-        cells: Any = table.cells.reshape(-1)
-        self.mv: Any = cells.data  # a memoryview of the float64 cells
+        self.mv: Any = table.flat_cells  # a memoryview of the float64 cells
         self.names = table.name_bytes[row]
         self.base = row * FIELDS
         self.slots: dict[str, int] = {}

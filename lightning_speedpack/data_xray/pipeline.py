@@ -44,8 +44,7 @@ def read_table(table: _stages.CounterTable) -> list[RowSnapshot]:
         if not cells[base + _stages.F_PID]:
             out.append(_untaken())
             continue
-        # a copy of the row as it is now (its cells are doubles: floats, typed as ints)
-        row: list[float] = cells[base : base + fields].tolist()  # type: ignore[assignment]
+        row: list[float] = cells[base : base + fields].tolist()  # a copy: the row as it is now
         stages: dict[str, tuple[float, float]] = {}
         for s in range(n):
             count = row[s0 + 2 * s + 1]
