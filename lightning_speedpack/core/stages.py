@@ -179,7 +179,7 @@ class RowSnapshot:
 class _Recorder:
     """Writes one process's timings into its row (plain memory writes, one writer per row)."""
 
-    __slots__ = ("base", "items", "mv", "names", "slots", "stack")
+    __slots__ = ("base", "collate_s", "collates", "items", "mv", "names", "slots", "stack")
 
     def __init__(self, table: CounterTable, row: int) -> None:
         table.clear_row(row)
@@ -189,6 +189,10 @@ class _Recorder:
         self.slots: dict[str, int] = {}
         self.stack: list[float] = []
         self.items = 0  # samples handed to the last collate (a stream's batch may be short)
+        # The row's collate seconds and count, kept here too: the timed fetcher reads them
+        # twice a batch (one writer per row, so they equal the row's cells).
+        self.collate_s = 0.0
+        self.collates = 0
         self.mv[self.base + F_PID] = float(os.getpid())
         self.mv[self.base + F_START] = _clock()
 
@@ -199,16 +203,12 @@ class _Recorder:
         mv[b + F_FETCH_CPU] += cpu_seconds
 
     def add_collate(self, seconds: float, done: float) -> None:
-        mv, b = self.mv, self.base
-        seq = int(mv[b + F_COLLATE_N])
+        mv, b, seq = self.mv, self.base, self.collates
         mv[b + F_RING + seq % RING] = done
-        mv[b + F_COLLATE_S] += seconds
+        self.collate_s += seconds
+        mv[b + F_COLLATE_S] = self.collate_s
+        self.collates = seq + 1
         mv[b + F_COLLATE_N] = seq + 1  # written last: the ring entry is there before it counts
-
-    def collated(self) -> tuple[float, int]:
-        """Seconds spent collating and batches collated so far (read by the timed fetcher)."""
-        mv, b = self.mv, self.base
-        return mv[b + F_COLLATE_S], int(mv[b + F_COLLATE_N])
 
     def add_stage(self, name: str, seconds: float, count: int) -> None:
         slot = self.slots.get(name)

@@ -112,20 +112,19 @@ class TimedFetcher:
         rec = _stages._ACTIVE
         if rec is None:
             return self.inner.fetch(possibly_batched_index)
-        collate_s, collated = rec.collated()
+        collate_s, collated = rec.collate_s, rec.collates  # the collate runs inside the fetch
         cpu = self._cpu()
         start = _clock()
         batch = self.inner.fetch(possibly_batched_index)  # StopIteration passes through uncounted
         seconds = _clock() - start
         cpu = self._cpu() - cpu
-        after_s, after = rec.collated()
         if not self.inner.auto_collation:
             samples = 1
-        elif self._stream and after > collated:  # a stream's last batch may be short
+        elif self._stream and rec.collates > collated:  # a stream's last batch may be short
             samples = rec.items
         else:
             samples = len(possibly_batched_index)
-        rec.add_fetch(max(0.0, seconds - (after_s - collate_s)), samples, cpu)
+        rec.add_fetch(max(0.0, seconds - (rec.collate_s - collate_s)), samples, cpu)
         return batch
 
     def __getattr__(self, name: str) -> Any:

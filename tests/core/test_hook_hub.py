@@ -409,3 +409,30 @@ def test_quiet_wakes_a_sleeper_with_the_hooks_it_names() -> None:
     assert calls == [("m", "start")]
     assert hub.on_before_backward is None
     assert hub.on_train_batch_end is not None
+
+
+def test_a_hook_called_with_keywords_passes_them_to_each_member() -> None:
+    # Lightning passes the per-batch hooks' arguments by position (the hub's fast path);
+    # a caller that names them must still reach every member, each call timed.
+    seen: list[tuple[str, Any]] = []
+
+    class Named(Callback):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            seen.append((self.name, (outputs, batch, batch_idx)))
+
+    members = [Named("a"), Named("b")]
+    hub = HookHub(members)
+    hub.on_train_batch_end(None, None, outputs={"loss": 1}, batch=[2], batch_idx=3)
+    hub.on_train_batch_end(None, None, {"loss": 4}, [5], 6)
+    assert seen == [
+        ("a", ({"loss": 1}, [2], 3)),
+        ("b", ({"loss": 1}, [2], 3)),
+        ("a", ({"loss": 4}, [5], 6)),
+        ("b", ({"loss": 4}, [5], 6)),
+    ]
+    assert sorted(h for _, h in hub.seconds()) == ["on_train_batch_end"] * 2

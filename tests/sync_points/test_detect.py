@@ -265,6 +265,31 @@ def test_indexing_wrappers_leave_the_tail_only_when_it_indexes_a_lot(
     assert [(f.kind, f.count) for f in det.findings()] == [("masked index", 5)]
 
 
+def test_indexing_wrappers_read_and_write_as_torch_and_count_setitem_in_the_tail(
+    clean_state: None,
+) -> None:
+    # getitem and setitem have wrappers of their own (fixed signatures, no argument packing):
+    # each must index exactly as torch does, armed or not, and count in the tail alike.
+    t, m = torch.arange(6.0), torch.arange(6) > 3
+    det = SyncDetector(include_cpu=True)
+    det.install()
+    try:
+        assert t[m].tolist() == [4.0, 5.0]  # installed, not armed: passed through
+        det.arm(step=0)
+        t[m] = -1.0  # in the step: watched, and written
+        part = t[1:3]  # not a mask: not watched
+        det.end_step()
+        before = det.tail_indexing
+        t[0] = 7.0  # between batches: counted, never reported
+        t[m] = -2.0
+        assert det.tail_indexing == before + 2
+    finally:
+        det.uninstall()
+    assert t.tolist() == [7.0, 1.0, 2.0, 3.0, -2.0, -2.0]
+    assert part.tolist() == [1.0, 2.0]
+    assert [(f.kind, f.count) for f in det.findings()] == [("masked index", 1)]
+
+
 def test_per_step_counts(clean_state: None) -> None:
     t = torch.ones(())
     det = SyncDetector(include_cpu=True)
