@@ -196,9 +196,10 @@ def _wrap(orig: Callable[..., Any], test: Test) -> Callable[..., Any]:
 def _wrap_indexing(orig: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``__getitem__``/``__setitem__``, which are hot in DataLoader code.
 
-    A fixed signature for each (no argument packing: a ``*value`` tuple and an unpacking call
-    cost ~40% of a wrapper's early return) and an early return between batches
-    (:func:`set_indexing`) keep the per-sample indexing of a dataset cheap.
+    A fixed signature for each (no argument packing: a ``*value`` tuple and its unpacking call
+    were more than half of a wrapper's early return, 306-400 ns a call against 139-165 ns
+    without) and an early return between batches (:func:`set_indexing`) keep the per-sample
+    indexing of a dataset cheap. Hence two wrappers alike but for their arguments.
     """
     if orig.__name__ == "__setitem__":
         return _named(_wrap_setitem(orig), orig)
