@@ -47,6 +47,7 @@ def test_a_snapshot_changed_by_its_reader_is_not_the_next_reads() -> None:
     first[0].stages["changed"] = (1.0, 1.0)
     first[0].ring[0] = 5.0
     second = read_table(table)
+    assert second[0].pid == 0
     assert second[1].pid != 0
     assert second[0].stages == {}
     assert second[0].ring[0] == 0.0
