@@ -4,11 +4,11 @@ The doctor's per-step work is most of its cost on a millisecond step (issue 37: 
 2-rank DDP job). Its tools that report shares and means (the step timeline's phases, the sync
 points' counts per step) watch every step of the first :data:`SAMPLED_FROM_STEP`, so a short fit
 keeps a series of its first steps, then one step in ``every``, and from
-:data:`SPARSE_FROM_STEP` on one in ``every * SPARSER``: by then a tool has watched about thirty
-steps, enough for the medians and counts it reports, and a long fit pays for a few more
-samples rather than for one step in ``every`` to its end. They use the same rule with the same
-``every``, so the steps one of them watches are the steps the others watch: the timeline places
-the syncs that the sync detector reports in the phases it times.
+:data:`SPARSE_FROM_STEP` on one in ``every * SPARSER``: by then a tool has watched 22 steps
+(with the doctor's 8), enough for the medians and counts it reports, and a long fit pays for a
+few more samples rather than for one step in ``every`` to its end. They use the same rule with
+the same ``every``, so the steps one of them watches are the steps the others watch: the
+timeline places the syncs that the sync detector reports in the phases it times.
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ SAMPLED_FROM_STEP = 16
 DOCTOR_SAMPLE_EVERY = 8
 
 #: From this step on a sampled tool watches one step in ``every * SPARSER`` (with the doctor's 8:
-#: 16 steps, then 14 in 112, then one in 32).
-SPARSE_FROM_STEP = 128
-SPARSER = 4
+#: 16 steps, then 6 in 48, then one in 64). A watched step costs the doctor about a quarter of a
+#: millisecond step (its tools wake, arm and sleep again): from step 128 and one in 32, as it
+#: was, a 512-step fit watched 42 steps; now 29 (``benchmarks/doctor_instructions.py``).
+SPARSE_FROM_STEP = 64
+SPARSER = 8
 
 
 def sampled(step: int, every: int) -> bool:
@@ -48,8 +50,8 @@ def sampled(step: int, every: int) -> bool:
     Example:
         >>> [s for s in range(40) if sampled(s, 8)][14:]
         [14, 15, 16, 24, 32]
-        >>> [s for s in range(112, 200) if sampled(s, 8)]
-        [112, 120, 128, 160, 192]
+        >>> [s for s in range(48, 200) if sampled(s, 8)]
+        [48, 56, 64, 128, 192]
     """
     if every == 1 or step < SAMPLED_FROM_STEP:
         return True
@@ -60,8 +62,8 @@ def next_sampled(step: int, every: int) -> int:
     """The first step after ``step`` that :func:`sampled` watches (when a sleeper wakes).
 
     Example:
-        >>> [next_sampled(s, 8) for s in (3, 15, 16, 17, 23, 24, 120, 127, 128)]
-        [4, 16, 24, 24, 24, 32, 128, 128, 160]
+        >>> [next_sampled(s, 8) for s in (3, 15, 16, 17, 23, 24, 56, 63, 64)]
+        [4, 16, 24, 24, 24, 32, 64, 64, 128]
         >>> all(
         ...     sampled(n := next_sampled(s, e), e)
         ...     and not any(sampled(m, e) for m in range(s + 1, n))
@@ -86,9 +88,9 @@ def cadence(every: int, timed: int | None = None) -> str:
 
     Example:
         >>> cadence(8)
-        '1 step in 8, from step 128 1 in 32'
-        >>> cadence(8, timed=22), cadence(8, timed=31)
-        ('1 step in 8', '1 step in 8, from step 128 1 in 32')
+        '1 step in 8, from step 64 1 in 64'
+        >>> cadence(8, timed=22), cadence(8, timed=23)
+        ('1 step in 8', '1 step in 8, from step 64 1 in 64')
         >>> cadence(1)
         'every step'
     """

@@ -13,6 +13,7 @@ from lightning_speedpack.core import sampling
 from lightning_speedpack.core import stages as _stages
 from lightning_speedpack.core.batch import BatchSizer
 from lightning_speedpack.core.findings import Finding
+from lightning_speedpack.core.hook_hub import hub_of
 from lightning_speedpack.core.lightning import Callback, rank_zero_info, rank_zero_warn
 from lightning_speedpack.core.registry import DoctorContext, register_diagnostic
 from lightning_speedpack.core.steps import step_reader
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = ["DataPipelineProfiler"]
 
 _PROBES = ("start", "off")
+#: What the profiler leaves uncalled under the doctor's hub once an epoch's first batch is in.
+_BATCH_START = ("on_train_batch_start",)
 
 
 class DataPipelineProfiler(Callback):
@@ -248,6 +251,9 @@ class DataPipelineProfiler(Callback):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        hub = hub_of(self)
+        if hub is not None:  # its first batch starts the epoch's steady window
+            hub.quiet(self)
         self._keep_train_loaders(trainer)  # loaders reloaded for this epoch
         self._loaders.activate_main()
         self._epoch = EpochClock(trainer.current_epoch, self._loaders.waited())
@@ -260,8 +266,12 @@ class DataPipelineProfiler(Callback):
         if self._from_fit:  # once: the model ceiling on the fit's own first batch
             self._from_fit = False
             self._time_model(trainer, pl_module, batch)
-        if self._epoch is not None and not self._epoch.first_batch_seen:
-            self._epoch.first_batch(self._loaders.waited())
+        epoch = self._epoch
+        if epoch is not None and not epoch.first_batch_seen:
+            epoch.first_batch(self._loaders.waited())
+            hub = hub_of(self)
+            if hub is not None:  # the doctor's: nothing to do here until the next epoch
+                hub.quiet(self, _BATCH_START)
 
     @override
     def on_train_batch_end(

@@ -51,14 +51,19 @@ def tag_due(s: Schedule) -> bool:
         ...              last_deep_scan=0, epoch_end_walked=False)
         >>> tag_due(s), tag_due(Schedule(**{**vars(s), "batch": 30, "batch_idx": 30}))
         (True, False)
+        >>> end = Schedule(batch=98, batch_idx=98, last=100, every=128, deep_every=0,
+        ...                last_deep_scan=0, epoch_end_walked=False)
+        >>> tag_due(end), tag_due(Schedule(**{**vars(end), "epoch_end_walked": True}))
+        (True, False)
     """
     step = s.batch + 1  # the next batch, which may walk
     if s.every == 1 or s.batch < TAGGED_FIRST or step % s.every == 0:
         return True
     if s.deep_every > 0 and step - s.last_deep_scan >= s.deep_every:
         return True
-    # the end of an epoch (the first one walks) or of the fit (which always walks)
-    return s.batch_idx + 2 >= s.last or s.steps_left <= 2
+    # the end of the first epoch (the one that walks at its end) or of the fit (which always
+    # walks); the later epochs' ends walk nothing, so their losses are left untagged
+    return (not s.epoch_end_walked and s.batch_idx + 2 >= s.last) or s.steps_left <= 2
 
 
 def end_due(s: Schedule, *, follows_outputs: bool) -> bool:
@@ -92,7 +97,8 @@ def batches_asleep(s: Schedule) -> int:
         (-(b + 2)) % s.every + 1,  # a tag: (b + j + 1) % every == 0
         (-(b + 1)) % s.every + 1,  # a walk: (b + j) % every == 0
         s.last_deep_scan + s.deep_every - b - 1 if s.deep_every > 0 else math.inf,
-        s.last - s.batch_idx - 2,  # the tag before the epoch's last batch
+        # the tag before the first epoch's last batch, whose end walks
+        s.last - s.batch_idx - 2 if not s.epoch_end_walked else math.inf,
         s.steps_left - 2,
     ]
     return max(0, int(min(first)) - 1)

@@ -144,11 +144,11 @@ class SyncPointWarnings(Callback):
         allow: call sites to ignore: ``"path/file.py:123"``, ``"file.py"`` (every line) or a
             glob (``"*/losses.py:*"``).
         sample_every_n_steps: watch every training step before step 16, then one step in this
-            many, and from step 128 one in four times as many (``1``: every step; see
+            many, and from step 64 one in eight times as many (``1``: every step; see
             :mod:`~lightning_speedpack.core.sampling`). On the steps between nothing is
             watched: a wrapper returns at once. Counts per step are per watched step; a sync
             made only on steps that are never watched is missed. The doctor watches one step
-            in 8, from step 128 one in 32 (the steps its StepTimeline times), ``--deep``
+            in 8, from step 64 one in 64 (the steps its StepTimeline times), ``--deep``
             every step.
 
     Raises:
@@ -253,7 +253,7 @@ class SyncPointWarnings(Callback):
             # (~0.8 us a call). Until a sampled step within `every`, the indexing ones stay as
             # the detector left them at the last step's end: out where the loader indexes a
             # lot in the main process, else in (a swap would cost more: see
-            # `SyncDetector.disarm`). Before a longer stretch (one step in 32 from step 128)
+            # `SyncDetector.disarm`). Before a longer stretch (one step in 64 from step 64)
             # they come out: a dataset's per-sample indexing would call them at every sample.
             wake = sampling.next_sampled(step, every)
             detector.disarm(keep_indexing=wake - step <= every)
@@ -477,7 +477,7 @@ register_diagnostic(
     ),
     order=20,
     deep_adds=(
-        "watching every step for syncs (by default one step in 8 after the first 16, one in 32"
-        " from step 128)"
+        "watching every step for syncs (by default one step in 8 after the first 16, one in 64"
+        " from step 64)"
     ),
 )

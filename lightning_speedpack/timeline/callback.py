@@ -148,7 +148,7 @@ class StepTimeline(Callback):
         profile_memory: ``torch.profiler`` option for the window.
         with_stack: ``torch.profiler`` option for the window.
         sample_every_n_steps: time every step before step 16 and of a trace window, then one
-            step in this many, from step 128 one in four times as many (the others return
+            step in this many, from step 64 one in eight times as many (the others return
             early from each hook; under the doctor's
             :class:`~lightning_speedpack.core.hook_hub.HookHub` its hooks sleep). ``1``: all.
 

@@ -2,7 +2,7 @@
 
 StepTimeline needs torch's optimizer step pre- and post-hooks on the steps it times (the
 optimizer step's end; the ``training_step`` range reopened inside torch's). A sampled timeline
-times one step in 8, then one in 32: left in place, the two hooks ran on every other step for
+times one step in 8, then one in 64: left in place, the two hooks ran on every other step for
 nothing (torch's step wrapper loops over them, two Python calls that return at once). They
 are registered when a timed step opens and removed when the timeline goes idle.
 """

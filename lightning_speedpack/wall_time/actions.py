@@ -115,7 +115,9 @@ class ActionKeys(dict[str, tuple[str, str]]):
         if not overrides(type(callback), hook) and not callable(own):
             return None  # Lightning's empty default: a bracket would only cost time
         if isinstance(callback, HookHub) and hook not in PER_BATCH_HOOKS:
-            return None  # the hub's own once-a-fit upkeep: not any member's time
+            # An owning hub's action holds its members' own hooks (timed by its clock, shared
+            # out to them); where none has one, or the hub only dispatches, it is upkeep.
+            return (callback_key(callback), hook) if callback.forwards(hook) else None
         if isinstance(callback, HookHub) and hook in HUB_CARVED:
             return None  # carved out of the part it ran in by the hub's clock
         return callback_key(callback), hook

@@ -241,8 +241,13 @@ def test_an_owning_hub_stands_in_for_its_members_and_calls_all_their_hooks(
         ("b", "teardown:fit"),
     ]
     assert len(calls) - len(once) == 6 * STEPS  # each member's per-batch hooks, once a batch
-    # Each member's once-a-fit hook keeps the profiler name Lightning would have given it.
-    assert "[Callback]_EveryHook.on_train_end" in profiler.names
+    # Each member's once-a-fit hook runs inside Lightning's profiled action for the hub's own,
+    # timed by the hub's clock (the wall-time ledger shares that action out by it).
+    assert "[Callback]HookHub.on_train_end" in profiler.names
+    assert "[Callback]_EveryHook.on_train_end" not in profiler.names
+    for member in members:
+        timed = {hook for (m, hook), s in hub.seconds().items() if m is member and s > 0}
+        assert {"setup", "on_train_end", "teardown"} <= timed
     # The doctor's callbacks write nothing into the user's checkpoints.
     trainer.save_checkpoint(tmp_path / "saved.ckpt")
     saved = torch.load(tmp_path / "saved.ckpt", weights_only=False)
@@ -257,13 +262,16 @@ def test_an_owning_hub_leaves_out_the_hooks_a_member_keeps_at_lightnings_default
     calls: list[tuple[str, str]] = []
     member = _EveryHook("a", calls)
     member.on_train_epoch_start = lambda *args: calls.append(("a", "epoch_start"))  # type: ignore[method-assign]
-    profiler = ProfiledNames()
-    _fit([HookHub([member], owns=True)], profiler=profiler, default_root_dir=tmp_path)
+    hub = HookHub([member], owns=True)
+    _fit([hub], default_root_dir=tmp_path)
     assert ("a", "epoch_start") in calls
-    assert "[Callback]_EveryHook.on_train_epoch_start" in profiler.names
-    assert "[Callback]_EveryHook.on_train_end" in profiler.names  # overridden: called
-    assert "[Callback]_EveryHook.on_train_epoch_end" not in profiler.names  # the default
-    assert "[Callback]_EveryHook.on_fit_start" not in profiler.names
+    timed = {hook for (m, hook) in hub.seconds() if m is member}
+    assert {"on_train_epoch_start", "on_train_end"} <= timed  # set on the instance; overridden
+    assert not timed & {"on_train_epoch_end", "on_fit_start"}  # Lightning's defaults: not called
+    assert hub.forwards("on_train_epoch_start")
+    assert hub.forwards("on_train_end")
+    assert not hub.forwards("on_train_epoch_end")
+    assert not hub.forwards("on_fit_start")
 
 
 def test_an_owning_hub_passes_an_exception_to_its_members() -> None:

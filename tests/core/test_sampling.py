@@ -15,24 +15,25 @@ def test_every_step_at_first_then_one_in_n() -> None:
     assert sampling.DOCTOR_SAMPLE_EVERY == 8
 
 
-def test_a_long_fit_is_sampled_more_sparsely_from_step_128() -> None:
-    # ~30 steps watched by step 128 (16 dense, 14 sampled), then one in 32: a 4,096-step fit
-    # pays for 150 watched steps, not 526.
+def test_a_long_fit_is_sampled_more_sparsely_from_step_64() -> None:
+    # 22 steps watched by step 64 (16 dense, 6 sampled), then one in 64: a 4,096-step fit
+    # pays for 85 watched steps, not 526 (and a 512-step one for 29, where it paid for 42).
     watched = [s for s in range(4096) if sampling.sampled(s, 8)]
-    assert watched[28:33] == [112, 120, 128, 160, 192]
-    assert len([s for s in watched if s < sampling.SPARSE_FROM_STEP]) == 30
-    assert len(watched) == 30 + (4096 - 128) // 32
+    assert watched[19:25] == [40, 48, 56, 64, 128, 192]
+    assert len([s for s in watched if s < sampling.SPARSE_FROM_STEP]) == 22
+    assert len(watched) == 22 + (4096 - 64) // 64
+    assert sum(sampling.sampled(s, 8) for s in range(512)) == 29
     # a sleeper told to wake at the next watched step wakes at each of them, and only there
     woken, step = [], 0
     while step < 4096:
         woken.append(step)
         step = sampling.next_sampled(step, 8)
     assert woken == watched
-    assert sampling.cadence(8) == "1 step in 8, from step 128 1 in 32"
+    assert sampling.cadence(8) == "1 step in 8, from step 64 1 in 64"
     # a fit that timed no more steps than the dense stretch holds never backed off
     dense = sum(sampling.sampled(s, 8) for s in range(sampling.SPARSE_FROM_STEP))
-    assert (dense, sampling.cadence(8, timed=dense)) == (30, "1 step in 8")
-    assert sampling.cadence(8, timed=dense + 1) == "1 step in 8, from step 128 1 in 32"
+    assert (dense, sampling.cadence(8, timed=dense)) == (22, "1 step in 8")
+    assert sampling.cadence(8, timed=dense + 1) == "1 step in 8, from step 64 1 in 64"
 
 
 def test_the_timeline_and_the_sync_points_sample_the_same_steps_under_the_doctor() -> None:

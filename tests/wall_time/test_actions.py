@@ -18,6 +18,8 @@ def _member(ns: Namespace) -> Any:
 
         def on_validation_batch_end(self, *args: Any) -> None: ...
 
+        def on_train_epoch_end(self, *args: Any) -> None: ...
+
     return Member()
 
 
@@ -34,6 +36,11 @@ def test_a_hubs_training_batch_hooks_are_carved_its_validation_hooks_bracketed(
         "on_validation_batch_end",
     )
     assert keys[f"[Callback]{hub.state_key}.on_train_start"] is IGNORED  # its own upkeep
+    # a hook the hub forwards to a member's own: bracketed, then shared out by the hub's clock
+    assert keys[f"[Callback]{hub.state_key}.on_train_epoch_end"] == (
+        "callback:HookHub",
+        "on_train_epoch_end",
+    )
 
 
 def test_the_carved_hooks_say_which_part_ran_them() -> None:

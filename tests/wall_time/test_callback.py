@@ -566,3 +566,56 @@ def test_a_transfer_hook_of_the_users_is_still_the_batch_transfer(
     )
     trainer.fit(_model(ns.name)(), datamodule=Data())
     assert ledger.seconds()["batch_transfer"] >= steps * NAP
+
+
+@each_namespace
+def test_an_owning_hubs_epoch_hooks_open_one_bracket_and_each_member_keeps_its_time(
+    ns: Namespace, tmp_path: Path
+) -> None:
+    # The hub used to enter the profiler for each member's once-a-fit hook, and the ledger
+    # bracketed each (~300 Python lines an epoch under the doctor). Now Lightning's one action
+    # for the hub's hook is bracketed and shared out by the hub's own clock.
+    from lightning_speedpack.core.hook_hub import HookHub
+
+    class EndsEpochsSlowly(ns.Callback):  # type: ignore[misc, name-defined]
+        def on_train_epoch_end(self, *args: Any) -> None:
+            time.sleep(2 * NAP)
+
+    class StartsEpochsSlowly(ns.Callback):  # type: ignore[misc, name-defined]
+        def on_train_epoch_start(self, *args: Any) -> None:
+            time.sleep(NAP)
+
+        def on_train_epoch_end(self, *args: Any) -> None:
+            time.sleep(NAP)
+
+    epochs = 3
+    hub = HookHub([EndsEpochsSlowly(), StartsEpochsSlowly()], owns=True)
+    ledger = WallTimeLedger()
+    opened: list[str] = []
+    trainer = ns.Trainer(
+        callbacks=[ledger, hub],
+        **quiet_trainer_kwargs(tmp_path, max_epochs=epochs, limit_train_batches=2),
+    )
+
+    class Counting(type(ledger.ledger)):  # type: ignore[misc]
+        def enter(self, now: float, key: str, *, token: str, detail: str = "") -> None:
+            opened.append(token)
+            super().enter(now, key, token=token, detail=detail)
+
+    real_reset = ledger._reset
+
+    def reset() -> None:
+        real_reset()
+        ledger.ledger.__class__ = Counting
+
+    ledger._reset = reset  # type: ignore[method-assign]
+    trainer.fit(_model(ns.name)())
+    epoch_ends = [t for t in opened if t.endswith(".on_train_epoch_end")]
+    assert epoch_ends == ["[Callback]HookHub.on_train_epoch_end"] * epochs  # one, not one a member
+    mine = ledger.callback_seconds()
+    assert "HookHub" not in mine
+    details = ledger.details()
+    assert details[("callback:EndsEpochsSlowly", "on_train_epoch_end")] >= epochs * 2 * NAP
+    assert details[("callback:StartsEpochsSlowly", "on_train_epoch_end")] >= epochs * NAP
+    assert details[("callback:StartsEpochsSlowly", "on_train_epoch_start")] >= epochs * NAP
+    assert sum(ledger.seconds().values()) == pytest.approx(ledger.total_s)

@@ -67,7 +67,7 @@ def test_the_straggler_comes_first_and_rank_0s_backward_is_waiting_for_rank_1() 
 def test_rank_0s_phases_add_where_the_stragglers_own_batch_went() -> None:
     theirs = (
         "Where a training batch's host time goes: training_step 88%, backward 5%, other 4% "
-        "(timed on 1 step in 8, from step 128 1 in 32: 22 batches)"
+        "(timed on 1 step in 8, from step 64 1 in 64: 22 batches)"
     )
     findings = {1: [_item("timeline", "step-phases", theirs, "info")]}
     world = world_figures(payloads({0: (0.6, 5.0), 1: (0.6, 36.0)}, findings=findings))
