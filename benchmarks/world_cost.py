@@ -15,13 +15,17 @@ What it leaves out: the doctor's start (its imports, the launch) and its end of 
 the gather of every rank's figures), which ``world_zoo.py --pairs`` keeps in its ``trainer.fit``
 row; and a doctor started for one fit in a process that already ran others (its caches warm).
 
-Run ``.venv/bin/python benchmarks/world_cost.py [--quick] [--rounds 9] [--epochs 16]``.
+``make bench-check`` reads ``ddp-doctor-loop-cost`` here, over 41 rounds (``--json PATH``: rank 0
+writes each variant's median, ratio of the medians and median of paired ratios, wall and CPU).
+
+Run ``.venv/bin/python benchmarks/world_cost.py [--quick] [--rounds 9] [--epochs 16] [--json F]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
 import sys
@@ -35,7 +39,7 @@ from _common import alternate_samples, paired_ratio, print_table, quiet_one_thre
 
 from lightning_speedpack.doctor.runner import DoctorSession
 
-__all__ = ["VARIANTS", "fit_loop"]
+__all__ = ["VARIANTS", "fit_loop", "summary"]
 
 #: The variants, rotated round by round; the plain job again is the measurement's own noise.
 VARIANTS = ("plain", "doctor", "plain, again")
@@ -56,6 +60,29 @@ def fit_loop(variant: str, root: Path) -> tuple[float, float, bool]:
         model = world_job.MLP("clean")
         trainer.fit(model)
     return model.train_s, model.train_cpu_s, trainer.is_global_zero
+
+
+def summary(seconds: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Each variant's median seconds, its ratio of the medians and median of paired ratios.
+
+    Both ratios are against the plain fits (the plain job's own are 1.0; "plain, again" is the
+    A/A, the measurement's noise).
+
+    Example:
+        >>> out = summary({"plain": [1.0, 2.0, 3.0], "doctor": [1.2, 2.0, 3.3],
+        ...                "plain, again": [1.0, 2.2, 2.7]})
+        >>> [round(out[v][k], 3) for v, k in (("doctor", "ratio"), ("doctor", "paired"))]
+        [1.0, 1.1]
+    """
+    plain = statistics.median(seconds["plain"])
+    return {
+        variant: {
+            "median_s": statistics.median(seconds[variant]),
+            "ratio": statistics.median(seconds[variant]) / plain,
+            "paired": paired_ratio(seconds, variant, "plain"),
+        }
+        for variant in seconds
+    }
 
 
 def _rows(seconds: dict[str, list[float]]) -> list[list[str]]:
@@ -100,6 +127,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (9, >= 5)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs a fit (16; 32 steps each)")
     parser.add_argument("--quick", action="store_true", help="5 rounds of 4 epochs")
+    parser.add_argument("--json", type=Path, help="(rank 0) write the ratios and seconds here")
     args = parser.parse_args()
     args.rounds = args.rounds or (5 if args.quick else 9)
     args.epochs = args.epochs or (4 if args.quick else 16)
@@ -127,6 +155,10 @@ def main() -> None:
     )
     print_table(f"{title}: wall time of rank 0's loop", header, _rows(wall))
     print_table(f"{title}: CPU time of rank 0's process in its loop", header, _rows(cpu))
+    if args.json is not None:
+        found = {"rounds": args.rounds, "epochs": args.epochs, "seconds": wall, "cpu_s": cpu}
+        found.update(wall=summary(wall), cpu=summary(cpu))
+        args.json.write_text(json.dumps(found, indent=1))
 
 
 if __name__ == "__main__":

@@ -84,6 +84,13 @@ def test_every_command_names_a_script_and_flags_that_exist() -> None:
                 assert f'"{section}"' in source, f"{b.name}: no section {section}"
 
 
+def test_the_2_rank_cost_is_checked_with_the_rounds_its_bound_was_earned_on() -> None:
+    (cost,) = [b for b in load_bounds() if b.name == "ddp-doctor-loop-cost"]
+    words = shlex.split(cost.command)
+    assert words[1] == "benchmarks/world_cost.py"
+    assert int(words[words.index("--rounds") + 1]) == bench_check.WORLD_COST_ROUNDS
+
+
 def test_the_wall_zoo_cases_checked_are_the_zoos_own() -> None:
     source = (ROOT / "benchmarks" / "wall_zoo.py").read_text()
     for case in bench_check.WALL_CASES:
