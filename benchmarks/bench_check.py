@@ -333,7 +333,7 @@ def _doctor_lines() -> dict[str, float]:
     return doctor_lines.quick_figures()
 
 
-#: Rounds of world_cost.py: its ratio of the medians over 41 rounds read 1.032x-1.065x in eight
+#: Rounds of world_cost.py: its ratio of the medians over 41 rounds read 1.032x-1.065x in nine
 #: runs over three sessions (A/A 0.956x-1.001x), where 5 pairs of separate launches of one code
 #: read 1.083x-1.467x.
 WORLD_COST_ROUNDS = 41
