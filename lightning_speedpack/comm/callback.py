@@ -10,6 +10,7 @@ the ``self.log`` recorder in :mod:`~lightning_speedpack.comm.sync_dist`, the fin
 
 from __future__ import annotations
 
+import math
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -177,6 +178,7 @@ class CommMonitor(Callback):
         self._rate_set = False
         self._per_iteration = 1  # training batches per DDP iteration (gradient accumulation)
         self._batches = 0
+        self._next_read: float = math.inf  # the batch count of the next read of DDP's stats
         self._not_measured: str | None = None
         self._find_unused = False
         self._static_graph = False
@@ -248,6 +250,7 @@ class CommMonitor(Callback):
         rate = self.ddp_sample_rate
         if data is not None and rate is not None and ddp_stats.set_sample_rate(ddp, rate):
             self._rate, self._rate_set = rate, True
+        self._next_read = ddp_stats.next_read(self._batches, self._rate, self._per_iteration)
 
     @override
     def on_before_backward(
@@ -307,10 +310,9 @@ class CommMonitor(Callback):
             self._step_count += 1
         self._last_end = now
         self._batches += 1
-        if self._ddp is not None and ddp_stats.read_due(
-            self._batches, self._rate, self._per_iteration
-        ):
+        if self._batches >= self._next_read:  # DDP may have logged a new sample (inf: no DDP)
             self._read()
+            self._next_read = ddp_stats.next_read(self._batches, self._rate, self._per_iteration)
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -380,6 +382,7 @@ class CommMonitor(Callback):
             self._samples = timer.samples
             timer.active = False  # DDP cannot take a hook off: from now on it only all-reduces
         ddp, self._ddp = self._ddp, None
+        self._next_read = math.inf
         if ddp is not None and self._rate_set:
             ddp_stats.set_sample_rate(ddp, ddp_stats.DDP_DEFAULT_SAMPLE_RATE)
             self._rate_set = False

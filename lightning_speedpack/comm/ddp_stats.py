@@ -38,6 +38,7 @@ __all__ = [
     "DDPSample",
     "find_ddp",
     "logging_data",
+    "next_read",
     "read_due",
     "read_sample",
     "set_sample_rate",
@@ -236,6 +237,23 @@ def read_due(batches: int, rate: int, batches_per_iteration: int = 1) -> bool:
         return False
     iteration = batches // batches_per_iteration - 1
     return iteration >= 1 and (iteration <= DDP_FIRST_SAMPLED or iteration % rate == 0)
+
+
+def next_read(batches: int, rate: int, batches_per_iteration: int = 1) -> int:
+    """The first batch count after ``batches`` at which :func:`read_due` is true.
+
+    Worked out once per read, so a training batch checks one number, not the schedule.
+
+    Example:
+        >>> [next_read(n, rate=10) for n in (0, 2, 10, 11, 21)]
+        [2, 3, 11, 21, 31]
+        >>> next_read(0, rate=10, batches_per_iteration=4), next_read(8, 10, 4)
+        (8, 12)
+    """
+    iteration = max(1, batches // batches_per_iteration)  # the first whose end is past it
+    if iteration > DDP_FIRST_SAMPLED:
+        iteration = -(-iteration // rate) * rate
+    return (iteration + 1) * batches_per_iteration
 
 
 def _int(data: Mapping[str, Any], key: str) -> int | None:

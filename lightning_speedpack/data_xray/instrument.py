@@ -41,6 +41,8 @@ from lightning_speedpack.core import stages as _stages
 from lightning_speedpack.core.stages import CounterTable, _clock
 
 __all__ = [
+    "CPU_READ_EVERY",
+    "CPU_READ_FLOOR_S",
     "GENERATIONS",
     "LoaderProbe",
     "TimedCollate",
@@ -52,6 +54,11 @@ __all__ = [
 #: Worker pools whose rows are kept apart (a pool being shut down never shares rows with the
 #: next one).
 GENERATIONS = 4
+
+#: A fetch at least this long has the next fetch's compute time read (see :class:`TimedFetcher`).
+CPU_READ_FLOOR_S = 1e-3
+#: Of the fetches after a shorter one, one in this many has its compute time read.
+CPU_READ_EVERY = 8
 
 
 _SCHEDSTAT: dict[tuple[int, int], int] = {}  # (pid, thread) -> its open schedstat file
@@ -85,6 +92,14 @@ def compute_clock() -> Callable[[], float]:
 class TimedFetcher:
     """A torch fetcher whose ``fetch`` is timed: the dataset's part (less the collate) per sample.
 
+    Each fetch's wall time is measured. Its compute time (:func:`compute_clock`: two system
+    calls, a read of the kernel's schedstat before and after) is read for the first fetch, for
+    every fetch after one of :data:`CPU_READ_FLOOR_S` or more, and otherwise for one fetch in
+    :data:`CPU_READ_EVERY`; a fetch not read is charged its wall time at the compute share of
+    the last one read. So where the data is slow enough to matter every fetch is read, and a
+    fast loader on a millisecond step does not pay two system calls a batch (the doctor's
+    largest single cost a step there: BENCHMARKS.md, issue 37).
+
     Example:
         >>> from torch.utils.data import DataLoader, TensorDataset
         >>> from lightning_speedpack.core import stages
@@ -100,7 +115,7 @@ class TimedFetcher:
         8.0
     """
 
-    __slots__ = ("_batched", "_cpu", "_stream", "inner")
+    __slots__ = ("_batched", "_cpu", "_share", "_skip", "_stream", "inner")
 
     def __init__(self, inner: Any) -> None:
         self.inner: Any = inner.inner if isinstance(inner, TimedFetcher) else inner
@@ -108,6 +123,8 @@ class TimedFetcher:
         # torch sets it once, when it builds the fetcher: read here, not at every batch
         self._batched = bool(getattr(self.inner, "auto_collation", True))
         self._cpu = compute_clock()
+        self._share = 0.0  # the compute share of the last fetch whose CPU time was read
+        self._skip = 0  # short fetches left before the next read
 
     def fetch(self, possibly_batched_index: Any) -> Any:
         """Fetch and collate one batch as torch would, timing the dataset's part."""
@@ -115,11 +132,21 @@ class TimedFetcher:
         if rec is None:
             return self.inner.fetch(possibly_batched_index)
         collate_s, collated = rec.collate_s, rec.collates  # the collate runs inside the fetch
-        cpu = self._cpu()
-        start = _clock()
-        batch = self.inner.fetch(possibly_batched_index)  # StopIteration passes through uncounted
-        seconds = _clock() - start
-        cpu = self._cpu() - cpu
+        skip = self._skip
+        if skip:  # charged at the last share read: no system call
+            start = _clock()
+            batch = self.inner.fetch(possibly_batched_index)  # StopIteration passes uncounted
+            seconds = _clock() - start
+            cpu = seconds * self._share
+            self._skip = skip - 1 if seconds < CPU_READ_FLOOR_S else 0  # slow: read the next
+        else:
+            cpu = self._cpu()
+            start = _clock()
+            batch = self.inner.fetch(possibly_batched_index)
+            seconds = _clock() - start
+            cpu = self._cpu() - cpu
+            self._share = cpu / seconds if seconds > 0.0 else 0.0
+            self._skip = CPU_READ_EVERY - 1 if seconds < CPU_READ_FLOOR_S else 0
         if not self._batched:
             samples = 1
         elif self._stream and rec.collates > collated:  # a stream's last batch may be short

@@ -121,7 +121,8 @@ class DataPipelineProfiler(Callback):
     ``data/worker_busy_fraction``             fetch + collate time / wall time, per process
     ``data/fetch_compute_fraction``           the part of that time spent computing (on a CPU,
                                               or ready and waiting for one), not waiting for
-                                              I/O or a sleep
+                                              I/O or a sleep (read on every fetch after one of
+                                              1 ms or more, else on one in 8)
     ``data/cache_hit_rate``                   hits / reads of a ``CachedDataset`` (its stages)
     ``data/loader_ceiling_samples_per_sec``   the loader alone (logged once, at the probe)
     ``data/model_ceiling_samples_per_sec``    the model alone (logged once, at the probe)

@@ -220,6 +220,7 @@ class StepClock:
     _start_wait: float = 0.0  # the broadcast's part of it
     _backward_s: float = 0.0  # this batch's backward so far
     _broadcast: float = 0.0  # the broadcast's seconds before this batch, if told
+    _size: int = -1  # the last batch's size
 
     def _current(self) -> _Epoch:
         if not self.epochs:
@@ -256,7 +257,7 @@ class StepClock:
 
     def batch_start(self, now: float) -> None:
         """A training batch starts (after its fetch and copy)."""
-        epoch = self._current()
+        epoch = self.epochs[-1] if self.epochs else self._current()  # no call a batch
         gap = start = 0.0
         if self._last_end is not None:
             gap = max(now - self._last_end - self._paused_s, 0.0)
@@ -275,19 +276,18 @@ class StepClock:
 
     def backward_end(self, now: float) -> None:
         """``on_after_backward``."""
-        if self._backward is not None:
-            spent = now - self._backward
-            self._current().backward_s += spent
-            self._backward_s += spent
+        if self._backward is not None:  # the epoch's share is added at the batch's end
+            self._backward_s += now - self._backward
             self._backward = None
 
     def batch_end(self, now: float, size: int) -> None:
         """A training batch ended; ``size`` is its batch size as the recorder counted it."""
-        epoch = self._current()
+        epoch = self.epochs[-1] if self.epochs else self._current()
         if self._start is not None:
             span = now - self._start
             epoch.span_s += span
             epoch.batches += 1
+            epoch.backward_s += self._backward_s
             waited = self._backward_s + self._start_wait
             own = max(span + self._gap - waited, 0.0)
             gap = self._gap - self._start_wait
@@ -295,6 +295,11 @@ class StepClock:
         self._start = None
         self._last_end = now
         self._paused_s = 0.0
+        if size != self._size:  # the smallest and largest change rarely: one compare a batch
+            self._sized(size)
+
+    def _sized(self, size: int) -> None:
+        self._size = size
         low, high = self.batch_size_min, self.batch_size_max
         self.batch_size_min = size if low is None else min(low, size)
         self.batch_size_max = size if high is None else max(high, size)

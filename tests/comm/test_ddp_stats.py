@@ -13,6 +13,7 @@ from lightning_speedpack.comm.ddp_stats import (
     DDPSample,
     find_ddp,
     logging_data,
+    next_read,
     read_due,
     read_sample,
     set_sample_rate,
@@ -200,3 +201,13 @@ def test_the_median_and_least_waits_are_not_moved_by_a_few_slow_iterations() -> 
     shown = figures.as_dict(step_ms=10.0)
     assert shown["comm_wait_fraction"] == 0.76
     assert (shown["comm_wait_median_fraction"], shown["comm_wait_least_fraction"]) == (0.2, 0.1)
+
+
+@pytest.mark.parametrize("per_iteration", [1, 2, 4])
+@pytest.mark.parametrize("rate", [1, 7, 10, 100])
+def test_the_next_read_is_the_next_batch_count_the_schedule_reads_at(
+    rate: int, per_iteration: int
+) -> None:
+    due = [n for n in range(1, 1500) if read_due(n, rate, per_iteration)]
+    for batches in range(0, due[-1]):
+        assert next_read(batches, rate, per_iteration) == next(n for n in due if n > batches)
