@@ -242,7 +242,8 @@ def read_due(batches: int, rate: int, batches_per_iteration: int = 1) -> bool:
 def next_read(batches: int, rate: int, batches_per_iteration: int = 1) -> int:
     """The first batch count after ``batches`` at which :func:`read_due` is true.
 
-    Worked out once per read, so a training batch checks one number, not the schedule.
+    :func:`read_due` states the schedule; this is its closed form (the tests check one against
+    the other), worked out once per read, so a training batch compares one number.
 
     Example:
         >>> [next_read(n, rate=10) for n in (0, 2, 10, 11, 21)]
